@@ -1,0 +1,158 @@
+"""The token record of an episode: exactly what the policy saw and produced.
+
+Model tokens are stored as the engine returned them and never re-tokenized from text; context
+tokens (tool results, user turns, turn boundaries) come from the codec. The response mask says
+which is which, and the trainer sees exactly this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from uniagent.errors import TrajectoryError
+
+SpanKind = Literal["model", "context"]
+
+
+@dataclass
+class TurnSpan:
+    """A slice `[start, end)` of the response that belongs to one turn and one source.
+
+    `turn` is the index of the model turn the span follows or belongs to (context before the
+    second model turn has turn 1); `role` is the chat role the tokens render (assistant, tool,
+    user, ...) or "boundary" for template glue.
+    """
+
+    start: int
+    end: int
+    kind: SpanKind
+    turn: int
+    role: str
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Trajectory:
+    """Prompt ids, response ids, response mask (1 = model token), logprobs, spans and drift."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    spans: list[TurnSpan] = field(default_factory=list)
+    num_turns: int = 0
+    drift: int | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+
+    # -- building -------------------------------------------------------------------------
+    def add_generation(
+        self, token_ids: list[int], logprobs: list[float], finish_reason: str = "stop"
+    ) -> None:
+        """Append one model turn exactly as generated (mask 1)."""
+        if len(token_ids) != len(logprobs):
+            raise TrajectoryError(f"{len(token_ids)} generated tokens but {len(logprobs)} logprobs")
+        self._append(list(token_ids), [float(x) for x in logprobs], "model", self.num_turns, "assistant")
+        self.num_turns += 1
+        self.finish_reasons.append(finish_reason)
+
+    def add_context(self, token_ids: list[int], role: str = "context") -> None:
+        """Append tokens the model did not generate (mask 0, logprob 0.0)."""
+        self._append(list(token_ids), [0.0] * len(token_ids), "context", self.num_turns, role)
+
+    def _append(self, ids: list[int], logprobs: list[float], kind: SpanKind, turn: int, role: str) -> None:
+        if not ids:
+            return
+        start = len(self.response_ids)
+        self.response_ids.extend(ids)
+        self.response_mask.extend([1 if kind == "model" else 0] * len(ids))
+        self.response_logprobs.extend(logprobs)
+        self.spans.append(TurnSpan(start, start + len(ids), kind, turn, role))
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole running sequence: prompt then response."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.response_mask)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def validate(self) -> None:
+        """Raise `TrajectoryError` if lengths, spans or masks are inconsistent."""
+        n = len(self.response_ids)
+        if not (len(self.response_mask) == len(self.response_logprobs) == n):
+            raise TrajectoryError(
+                f"response has {n} ids, {len(self.response_mask)} mask entries and "
+                f"{len(self.response_logprobs)} logprobs; they must be equal"
+            )
+        if any(m not in (0, 1) for m in self.response_mask):
+            raise TrajectoryError("response_mask may hold only 0 and 1")
+        pos = 0
+        for span in self.spans:
+            if span.start != pos or span.end <= span.start:
+                raise TrajectoryError(f"span {span} does not continue at token {pos}")
+            want = 1 if span.kind == "model" else 0
+            if any(m != want for m in self.response_mask[span.start : span.end]):
+                raise TrajectoryError(
+                    f"mask inside {span.kind} span [{span.start}, {span.end}) is not {want}"
+                )
+            if span.kind == "context" and any(
+                lp != 0.0 for lp in self.response_logprobs[span.start : span.end]
+            ):
+                raise TrajectoryError(f"context span [{span.start}, {span.end}) has non-zero logprobs")
+            pos = span.end
+        if pos != n:
+            raise TrajectoryError(f"spans cover {pos} of {n} response tokens")
+        model_spans = sum(1 for s in self.spans if s.kind == "model")
+        if model_spans > self.num_turns:
+            raise TrajectoryError(f"{model_spans} model spans but num_turns is {self.num_turns}")
+
+    # -- serialization --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "response_ids": list(self.response_ids),
+            "response_mask": list(self.response_mask),
+            "response_logprobs": list(self.response_logprobs),
+            "spans": [asdict(s) for s in self.spans],
+            "num_turns": self.num_turns,
+            "drift": self.drift,
+            "finish_reasons": list(self.finish_reasons),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        try:
+            traj = cls(
+                prompt_ids=list(data["prompt_ids"]),
+                response_ids=list(data["response_ids"]),
+                response_mask=list(data["response_mask"]),
+                response_logprobs=[float(x) for x in data["response_logprobs"]],
+                spans=[TurnSpan(**s) for s in data.get("spans", [])],
+                num_turns=int(data.get("num_turns", 0)),
+                drift=data.get("drift"),
+                finish_reasons=list(data.get("finish_reasons", [])),
+            )
+        except (KeyError, TypeError) as exc:
+            raise TrajectoryError(f"not a trajectory dict: {exc}") from exc
+        traj.validate()
+        return traj
+
+    def summary(self) -> dict[str, Any]:
+        """Counts a human wants to see first."""
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "response_tokens": len(self.response_ids),
+            "model_tokens": self.num_model_tokens,
+            "context_tokens": len(self.response_ids) - self.num_model_tokens,
+            "num_turns": self.num_turns,
+            "drift": self.drift,
+        }
