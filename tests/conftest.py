@@ -19,3 +19,13 @@ def smol_source():
 @pytest.fixture(scope="session")
 def smol_tokenizer(smol_source):
     return load_tokenizer(smol_source)
+
+
+@pytest.fixture(scope="session")
+def smol_engine(smol_source):
+    """One LocalEngine (real SmolLM2 weights) shared by the whole session."""
+    from uniagent.models.local import LocalEngine
+
+    engine = LocalEngine(smol_source)
+    yield engine
+    engine.close()

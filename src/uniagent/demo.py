@@ -1,0 +1,108 @@
+"""The demo episode: one short token-level conversation with the local model.
+
+It shows the token spine end to end on a laptop CPU: the real SmolLM2 model generates, tools
+are described in the system prompt, a tool result is fed back through the codec, and the
+trajectory a trainer would receive is printed with its mask. (The full `uniagent run` job
+replaces this once the runner exists.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uniagent.models.base import SamplingParams
+from uniagent.parsers.base import ToolCall
+
+DEMO_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "clock",
+            "description": "Return the current UTC date and time.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression such as 17 * 23.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "the expression"}},
+                "required": ["expression"],
+            },
+        },
+    },
+]
+
+
+@dataclass
+class DemoResult:
+    messages: list[dict[str, Any]]
+    trajectory: Any
+    seconds: float
+    tool_calls: int
+    format_errors: int
+
+
+def run_tool(call: ToolCall) -> str:
+    """In-process demo tools (real tools run in sandboxes; this demo needs none)."""
+    if call.name == "clock":
+        return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    if call.name == "calculator":
+        expr = str(call.arguments.get("expression", ""))
+        if not expr or any(c not in "0123456789+-*/(). " for c in expr):
+            return "error: only numbers, + - * / ( ) and spaces are allowed"
+        try:
+            return str(eval(expr, {"__builtins__": {}}, {}))  # characters checked above
+        except Exception as exc:  # a bad expression is an observation, not a crash
+            return f"error: {exc}"
+    return f"error: unknown tool {call.name!r}"
+
+
+async def run_demo(
+    model: str | None = None, turns: int = 3, max_tokens: int = 96, seed: int = 0, temperature: float = 0.7
+) -> DemoResult:
+    from uniagent.models.loading import load_tokenizer, resolve_model
+    from uniagent.models.local import LocalEngine
+    from uniagent.models.token_chat import TokenChatModel
+    from uniagent.parsers import get_parser
+    from uniagent.tokens import ChatCodec
+
+    source = resolve_model(model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, source)
+    codec = ChatCodec(tokenizer)
+    engine = await LocalEngine.create(source)
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    chat = TokenChatModel(engine, codec, get_parser("hermes"), sampling=sampling)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. Use a tool when it helps."},
+        {"role": "user", "content": "What is 17 * 23? Use the calculator tool."},
+    ]
+    started = time.perf_counter()
+    calls = errors = 0
+    try:
+        for _ in range(turns):
+            turn = await chat.query(messages, DEMO_TOOLS)
+            messages.append(turn.message)
+            if turn.format_error:
+                errors += 1
+                messages.append({"role": "user", "content": turn.format_error})
+            elif turn.tool_calls:
+                for call in turn.tool_calls:
+                    calls += 1
+                    messages.append({"role": "tool", "content": run_tool(call), "tool_call_id": call.id})
+            else:
+                break
+        if messages[-1]["role"] != "assistant":
+            turn = await chat.query(messages, DEMO_TOOLS)
+            messages.append(turn.message)
+        trajectory = chat.finish(messages, DEMO_TOOLS)
+    finally:
+        await engine.aclose()
+    return DemoResult(messages, trajectory, time.perf_counter() - started, calls, errors)
