@@ -41,6 +41,12 @@ DEMO_TOOLS = [
 ]
 
 
+NUDGE = (
+    "Call the calculator now, exactly like this: "
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23"}}</tool_call>'
+)
+
+
 @dataclass
 class DemoResult:
     messages: list[dict[str, Any]]
@@ -86,6 +92,7 @@ async def run_demo(
     ]
     started = time.perf_counter()
     calls = errors = 0
+    nudged = False
     try:
         for _ in range(turns):
             turn = await chat.query(messages, DEMO_TOOLS)
@@ -97,6 +104,11 @@ async def run_demo(
                 for call in turn.tool_calls:
                     calls += 1
                     messages.append({"role": "tool", "content": run_tool(call), "tool_call_id": call.id})
+            elif calls == 0 and not nudged:
+                # Small models often answer directly; ask once for a call so the demo shows
+                # context tokens (mask 0) appended between model turns.
+                nudged = True
+                messages.append({"role": "user", "content": NUDGE})
             else:
                 break
         if messages[-1]["role"] != "assistant":

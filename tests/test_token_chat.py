@@ -1,0 +1,93 @@
+"""TokenChatModel bookkeeping with a scripted engine.
+
+A scripted engine stands in here (not the real model) because these tests need exact control
+over what is "generated": cut turns, garbage output, abort. The real model is covered in
+test_fidelity.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from uniagent.models.base import Generation, SamplingParams
+from uniagent.models.token_chat import TokenChatModel
+from uniagent.parsers import get_parser
+from uniagent.tokens import ChatCodec
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+
+
+class ScriptedEngine:
+    def __init__(self, codec, texts, finish):
+        self.codec = codec
+        self.script = list(zip(texts, finish, strict=True))
+        self.seen_sampling = []
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        self.seen_sampling.append(sampling)
+        text, finish = self.script.pop(0)
+        ids = self.codec.encode(text) + (self.codec.eot_ids if finish == "stop" else [])
+        return Generation(ids, [-0.25] * len(ids), finish)
+
+
+@pytest.fixture(scope="module")
+def codec(smol_tokenizer):
+    return ChatCodec(smol_tokenizer)
+
+
+async def test_cut_turn_gets_end_of_turn_as_context(codec):
+    engine = ScriptedEngine(
+        codec,
+        ['<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', "I was cut off mid", "Done."],
+        ["stop", "length", "stop"],
+    )
+    chat = TokenChatModel(engine, codec, get_parser("hermes"), SamplingParams(max_tokens=64))
+    messages = [{"role": "user", "content": "go"}]
+    turn = await chat.query(messages, TOOLS)
+    assert turn.tool_calls[0].name == "bash" and turn.tool_calls[0].arguments == {"command": "ls"}
+    messages += [turn.message, {"role": "tool", "content": "a.py", "tool_call_id": turn.tool_calls[0].id}]
+    turn = await chat.query(messages, TOOLS)
+    assert turn.finish_reason == "length" and turn.text == "I was cut off mid"
+    messages += [turn.message, {"role": "user", "content": "continue"}]
+    turn = await chat.query(messages, TOOLS)
+    messages.append(turn.message)
+    traj = chat.finish(messages, TOOLS)
+    # The cut turn is closed with the end-of-turn as context (mask 0), right after it.
+    cut = [s for s in traj.spans if s.kind == "model"][1]
+    after = next(s for s in traj.spans if s.start == cut.end)
+    assert after.kind == "context" and traj.response_ids[after.start : after.end] == codec.eot_ids
+    assert traj.drift is None
+    # The engine was told to stop at the template's end-of-turn, not the tokenizer's eos.
+    assert codec.stop_token_ids[0] in engine.seen_sampling[0].stop_token_ids
+    assert codec.tokenizer.eos_token_id not in engine.seen_sampling[0].stop_token_ids
+
+
+async def test_garbage_output_is_a_format_error_not_a_crash(codec):
+    engine = ScriptedEngine(codec, ['<tool_call>{"name": "bash", "argum'], ["stop"])
+    chat = TokenChatModel(engine, codec, get_parser("hermes"))
+    turn = await chat.query([{"role": "user", "content": "go"}], TOOLS)
+    assert turn.format_error and "bash" in turn.format_error
+    assert turn.tool_calls == []
+    assert chat.trajectory.num_model_tokens == turn.completion_tokens
+
+
+async def test_tools_go_to_the_system_prompt_when_template_lacks_them(codec):
+    engine = ScriptedEngine(codec, ["hi"], ["stop"])
+    chat = TokenChatModel(engine, codec, get_parser("hermes"))
+    await chat.query([{"role": "user", "content": "go"}], TOOLS)
+    prompt = codec.decode(chat.trajectory.prompt_ids)
+    assert not codec.renders_tool_calls
+    assert "bash" in prompt and "<tool_call>" in prompt
