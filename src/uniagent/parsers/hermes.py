@@ -12,22 +12,12 @@ from typing import Any
 
 from uniagent.parsers.base import ParseResult, Specs, ToolCall, ToolFormatError, normalize_tools
 from uniagent.parsers.coerce import checked_call, example_call, tool_error
+from uniagent.parsers.text import skip_ws as _skip_ws
+from uniagent.parsers.text import snippet as _snippet
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _DECODER = json.JSONDecoder()
-_SNIPPET = 80
-
-
-def _snippet(text: str) -> str:
-    text = text.strip()
-    return repr(text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…")
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 class HermesParser:

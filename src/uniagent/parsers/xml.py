@@ -12,6 +12,8 @@ from typing import Any
 
 from uniagent.parsers.base import ParseResult, Specs, ToolCall, ToolFormatError, normalize_tools
 from uniagent.parsers.coerce import checked_call, example_call, tool_error
+from uniagent.parsers.text import skip_ws as _skip_ws
+from uniagent.parsers.text import snippet as _snippet
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNC, FUNC_CLOSE = "<function=", "</function>"
@@ -19,18 +21,6 @@ PARAM, PARAM_CLOSE = "<parameter=", "</parameter>"
 _TAG_NAME = re.compile(r"([^>\n]*)>")
 # Where a parameter whose close tag never comes is taken to end: the next structural tag.
 _UNCLOSED_PARAM_END = (PARAM, FUNC_CLOSE, CLOSE, FUNC, OPEN)
-_SNIPPET = 80
-
-
-def _snippet(text: str) -> str:
-    text = text.strip()
-    return repr(text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…")
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def _raw_value(raw: str) -> str:
