@@ -51,7 +51,11 @@ def codec(smol_tokenizer):
 async def test_cut_turn_gets_end_of_turn_as_context(codec):
     engine = ScriptedEngine(
         codec,
-        ['<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', "I was cut off mid", "Done."],
+        [
+            '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>',
+            "I was cut off mid",
+            "Done.",
+        ],
         ["stop", "length", "stop"],
     )
     chat = TokenChatModel(engine, codec, get_parser("hermes"), SamplingParams(max_tokens=64))

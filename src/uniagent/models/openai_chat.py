@@ -1,0 +1,239 @@
+"""`OpenAIChatModel`: a `ChatModel` over any OpenAI-compatible `/v1/chat/completions` endpoint.
+
+Such endpoints return text, not token ids, so episodes run through this model are evaluation only
+(`trainable = False`). Retries are our own loop rather than the SDK's so that the policy (which
+errors, how many times, how long to wait) is explicit, bounded and testable. The API key is used only
+to build the client: it never appears in `repr`, logs or error messages (servers that echo it back in
+an error body are redacted too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from typing import Any
+
+import openai
+
+from uniagent.errors import EngineError
+from uniagent.models.base import AssistantTurn, FinishReason
+from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+_FINISH: dict[str | None, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    None: "stop",
+    "length": "length",
+    "content_filter": "abort",
+}
+_NO_KEY = "EMPTY"  # local endpoints (vLLM, our gateway) accept any key; the SDK insists on one
+
+
+class OpenAIChatModel:
+    """Message-level model for text-only endpoints.
+
+    Tools travel natively (`tools=` in the request, `tool_calls` in the reply) unless a `parser` is
+    given: then the tool list is described in the system prompt and calls are parsed from the text,
+    for endpoints whose server has no tool-call support.
+    """
+
+    trainable = False
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        parser: ToolParser | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise EngineError(f"max_retries must be >= 0, got {max_retries}")
+        key = api_key or os.environ.get(api_key_env)
+        if not key:
+            if base_url is None:
+                raise EngineError(
+                    f"no API key for the OpenAI endpoint: pass api_key= or set the {api_key_env} variable"
+                )
+            key = _NO_KEY
+        self.model = model
+        self.base_url = base_url
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_tokens = max_tokens
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.parser = parser
+        self.extra_body = dict(extra_body or {})
+        self._secret = key
+        self._client = openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
+        self._endpoint = str(self._client.base_url).rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel(model={self.model!r}, base_url={self._endpoint!r}, api_key='***')"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> OpenAIChatModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def query(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> AssistantTurn:
+        """One chat completion, retried on rate limits, server errors and dropped connections."""
+        request = self._request(messages, tools)
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                completion = await self._client.chat.completions.create(**request)
+                break
+            except openai.APIError as exc:
+                retryable, reason = self._classify(exc)
+                if not retryable or attempt > self.max_retries:
+                    tried = f" after {attempt} attempts" if attempt > 1 else ""
+                    raise EngineError(
+                        f"chat endpoint {self._endpoint} (model {self.model!r}){tried}: {reason}"
+                    ) from None
+                headers = exc.response.headers if isinstance(exc, openai.APIStatusError) else {}
+                delay = self._backoff(attempt, headers.get("retry-after"))
+                log.warning(
+                    "chat endpoint %s: attempt %d failed (%s); retrying in %.2fs",
+                    self._endpoint,
+                    attempt,
+                    reason,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        turn = self._turn(completion, tools)
+        turn.metrics.update({"latency_s": time.perf_counter() - started, "attempts": float(attempt)})
+        return turn
+
+    def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        request: dict[str, Any] = {"model": self.model, "messages": messages, "timeout": self.timeout}
+        if tools and self.parser is not None:
+            from uniagent.parsers.prompt import inject_tools
+
+            request["messages"] = inject_tools(messages, tools, self.parser)
+        elif tools:
+            request["tools"] = tools
+        for name in ("temperature", "top_p", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                request[name] = value
+        if self.extra_body:
+            request["extra_body"] = self.extra_body
+        return request
+
+    def _classify(self, exc: openai.APIError) -> tuple[bool, str]:
+        """Whether an error is worth retrying, and a message for the user with secrets removed."""
+        if isinstance(exc, openai.APITimeoutError):
+            return True, f"request timed out after {self.timeout}s"
+        if isinstance(exc, openai.APIConnectionError):
+            return True, f"cannot connect ({self._redact(str(exc))})"
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            detail = self._redact(exc.message)
+            hint = " (check the API key)" if status in (401, 403) else ""
+            return status in _RETRYABLE_STATUS or status >= 500, f"HTTP {status}{hint}: {detail}"
+        return False, self._redact(str(exc))
+
+    def _backoff(self, attempt: int, retry_after: str | None = None) -> float:
+        """Exponential with jitter (spreads the retries of many episodes), or the server's Retry-After."""
+        if retry_after is not None:
+            try:
+                return min(self.backoff_max_s, max(0.0, float(retry_after)))
+            except ValueError:
+                pass  # an HTTP date: rare enough to fall back to our own schedule
+        ceiling = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret and self._secret != _NO_KEY else text
+
+    def _turn(self, completion: Any, tools: list[dict[str, Any]] | None) -> AssistantTurn:
+        if not completion.choices:
+            raise EngineError(f"chat endpoint {self._endpoint} returned no choices for model {self.model!r}")
+        choice = completion.choices[0]
+        text = choice.message.content or ""
+        usage = completion.usage
+        turn = AssistantTurn(
+            text=text,
+            thought=text,
+            tool_calls=[],
+            message={"role": "assistant", "content": text},
+            finish_reason=_FINISH.get(choice.finish_reason, "stop"),
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        )
+        if self.parser is not None:
+            self._parse_text(turn, tools)
+        elif choice.message.tool_calls:
+            self._native_calls(turn, choice.message.tool_calls)
+        return turn
+
+    def _parse_text(self, turn: AssistantTurn, tools: list[dict[str, Any]] | None) -> None:
+        assert self.parser is not None
+        try:
+            parsed = self.parser.parse(turn.text, tools)
+        except ToolFormatError as exc:
+            turn.format_error = str(exc)
+            return
+        turn.thought = parsed.thought
+        turn.tool_calls = parsed.calls
+
+    def _native_calls(self, turn: AssistantTurn, raw_calls: list[Any]) -> None:
+        """Keep the calls exactly as returned in `message` (history); decode arguments for `tool_calls`."""
+        wire, calls, problems = [], [], []
+        for raw in raw_calls:
+            function = getattr(raw, "function", None)
+            if getattr(raw, "type", "function") != "function" or function is None:
+                problems.append(
+                    f"call {raw.id!r} is of type {getattr(raw, 'type', '?')!r}, only functions are supported"
+                )
+                continue
+            wire.append(
+                {
+                    "id": raw.id,
+                    "type": "function",
+                    "function": {"name": function.name, "arguments": function.arguments},
+                }
+            )
+            try:
+                arguments = json.loads(function.arguments or "{}")
+            except json.JSONDecodeError as exc:
+                problems.append(f"arguments of call to {function.name!r} are not valid JSON ({exc.msg})")
+                continue
+            if not isinstance(arguments, dict):
+                problems.append(f"arguments of call to {function.name!r} must be a JSON object")
+                continue
+            calls.append(ToolCall(name=function.name, arguments=arguments, id=raw.id))
+        turn.message["tool_calls"] = wire
+        if problems:
+            turn.format_error = "; ".join(problems)
+        else:
+            turn.tool_calls = calls

@@ -1,0 +1,206 @@
+"""LocalEngine on the real SmolLM2-135M-Instruct: stopping, sampling, batching, logprobs, failures.
+
+`<|im_end|>` (id 2) is SmolLM2's end of turn; its tokenizer's eos (`<|im_start|>`) is wrong, which is
+why every request here passes its stop ids explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from uniagent.errors import EngineError
+from uniagent.models.base import Generation, SamplingParams
+from uniagent.models.local import LocalEngine
+
+pytestmark = pytest.mark.slow
+
+IM_END = 2
+QUESTIONS = [
+    "Hi",
+    "What is the capital of France? Answer in one word please.",
+    "Write a haiku about the sea, the sky and the moon, with plenty of detail in every line.",
+    "2+2=?",
+    "Name three colours.",
+    "Tell me a joke about computers that a child would understand.",
+    "What is Python?",
+    "Translate 'good morning' into French and Spanish, and say which is more formal.",
+]
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def prompts(smol_tokenizer) -> list[list[int]]:
+    return [chat_prompt(smol_tokenizer, q) for q in QUESTIONS]
+
+
+def greedy(max_tokens: int = 24, stop: list[int] | None = None) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, stop_token_ids=[IM_END] if stop is None else stop
+    )
+
+
+def assert_same(alone: Generation, batched: Generation) -> None:
+    assert batched.token_ids == alone.token_ids
+    assert batched.finish_reason == alone.finish_reason
+    diff = max(abs(a - b) for a, b in zip(alone.logprobs, batched.logprobs, strict=True))
+    assert diff < 1e-4, diff
+
+
+async def test_stop_token_ends_generation_and_is_kept(smol_engine, prompts):
+    gen = await smol_engine.generate(prompts[0], greedy(32), "stop")
+    assert gen.finish_reason == "stop"
+    assert gen.token_ids[-1] == IM_END
+    assert IM_END not in gen.token_ids[:-1]
+    assert len(gen.logprobs) == len(gen.token_ids) < 32
+
+
+async def test_max_tokens_gives_length(smol_engine, prompts):
+    gen = await smol_engine.generate(prompts[2], greedy(5, stop=[]), "length")
+    assert gen.finish_reason == "length"
+    assert len(gen.token_ids) == 5
+
+
+async def test_seed_makes_sampling_reproducible(smol_engine, prompts):
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0, top_p=0.9, top_k=50, max_tokens=16, seed=seed, stop_token_ids=[]
+        )
+
+    first = await smol_engine.generate(prompts[5], params(1234), "seed-a")
+    again = await smol_engine.generate(prompts[5], params(1234), "seed-b")
+    assert again.token_ids == first.token_ids
+    assert again.logprobs == first.logprobs
+    others = [await smol_engine.generate(prompts[5], params(s), f"seed-{s}") for s in (1, 2)]
+    assert any(o.token_ids != first.token_ids for o in others)
+
+
+async def test_top_k_1_and_tiny_top_p_leave_only_the_greedy_token(smol_engine, prompts):
+    expected = await smol_engine.generate(prompts[4], greedy(8, stop=[]), "filters-greedy")
+    for params in ({"top_k": 1}, {"top_p": 1e-6}):
+        sampling = SamplingParams(temperature=1.5, max_tokens=8, seed=0, **params)
+        gen = await smol_engine.generate(prompts[4], sampling, f"filters-{params}")
+        assert gen.token_ids == expected.token_ids
+        # Logprobs stay the raw model's, whatever the filters did to the sampling distribution.
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, expected.logprobs, strict=True)) < 1e-4
+
+
+async def test_padding_does_not_change_greedy_results(smol_engine, prompts):
+    """Mixed prompt lengths batched together, and requests joining a running batch, match solo runs."""
+    chosen = prompts[:4]  # 31..48 tokens: both longer and shorter neighbours for each
+    assert len({len(p) for p in chosen}) == 4
+    alone = [await smol_engine.generate(p, greedy(), f"solo-{i}") for i, p in enumerate(chosen)]
+
+    together = await asyncio.gather(
+        *(smol_engine.generate(p, greedy(), f"pack-{i}") for i, p in enumerate(chosen))
+    )
+    for a, b in zip(alone, together, strict=True):
+        assert_same(a, b)
+
+    async def late(i: int, prompt: list[int]) -> Generation:
+        await asyncio.sleep(0.15 * i)  # joins while earlier requests are mid-decode
+        return await smol_engine.generate(prompt, greedy(), f"late-{i}")
+
+    before = smol_engine.stats
+    staggered = await asyncio.gather(*(late(i, p) for i, p in reversed(list(enumerate(chosen)))))
+    after = smol_engine.stats
+    for a, b in zip(alone, reversed(staggered), strict=True):
+        assert_same(a, b)
+    # Joined rows shared decode steps: fewer steps than tokens generated.
+    assert after.decode_steps - before.decode_steps < sum(len(g.token_ids) for g in alone) - len(alone)
+
+
+async def test_logprobs_match_a_teacher_forced_pass(smol_engine, prompts):
+    sampling = SamplingParams(
+        temperature=0.7, top_p=0.8, top_k=20, max_tokens=20, seed=7, stop_token_ids=[IM_END]
+    )
+    gen = await smol_engine.generate(prompts[6], sampling, "tf")
+    prompt = prompts[6]
+    with torch.inference_mode():
+        logits = smol_engine.model(torch.tensor([prompt + gen.token_ids])).logits[0].float()
+    reference = torch.log_softmax(logits, dim=-1)
+    for i, (token, logprob) in enumerate(zip(gen.token_ids, gen.logprobs, strict=True)):
+        assert abs(reference[len(prompt) - 1 + i, token].item() - logprob) < 1e-3
+
+
+async def test_concurrent_requests_share_batches_and_finish_sooner(smol_engine, prompts):
+    sampling = greedy(16, stop=[])  # equal lengths: the comparison is about batching only
+
+    started = time.perf_counter()
+    sequential = [await smol_engine.generate(p, sampling, f"seq-{i}") for i, p in enumerate(prompts)]
+    sequential_s = time.perf_counter() - started
+
+    before = smol_engine.stats
+    started = time.perf_counter()
+    concurrent = await asyncio.gather(
+        *(smol_engine.generate(p, sampling, f"con-{i}") for i, p in enumerate(prompts))
+    )
+    concurrent_s = time.perf_counter() - started
+    after = smol_engine.stats
+
+    assert after.prefill_batches - before.prefill_batches < len(prompts)
+    assert after.max_rows > 1
+    assert concurrent_s < sequential_s, (concurrent_s, sequential_s)
+    assert [g.token_ids for g in concurrent] == [g.token_ids for g in sequential]
+
+
+async def test_worker_error_reaches_the_caller_and_the_engine_survives(smol_engine, prompts, monkeypatch):
+    real_forward = smol_engine._forward
+    calls = 0
+
+    def flaky(**inputs):
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # a decode step, after a successful prefill
+            raise RuntimeError("boom")
+        return real_forward(**inputs)
+
+    monkeypatch.setattr(smol_engine, "_forward", flaky)
+    with pytest.raises(EngineError, match="boom") as info:
+        await asyncio.wait_for(smol_engine.generate(prompts[0], greedy(8, stop=[]), "doomed"), 30)
+    assert "doomed" in str(info.value)
+
+    monkeypatch.setattr(smol_engine, "_forward", real_forward)
+    gen = await smol_engine.generate(prompts[0], greedy(4, stop=[]), "after-error")
+    assert len(gen.token_ids) == 4
+
+
+async def test_cancelled_request_does_not_break_the_worker(smol_engine, prompts):
+    before = smol_engine.stats
+    task = asyncio.create_task(smol_engine.generate(prompts[2], greedy(64, stop=[]), "cancel-me"))
+    while smol_engine.stats.decode_steps < before.decode_steps + 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gen = await asyncio.wait_for(smol_engine.generate(prompts[3], greedy(4, stop=[]), "after-cancel"), 30)
+    assert len(gen.token_ids) == 4
+    stats = smol_engine.stats
+    assert stats.cancelled == before.cancelled + 1
+    assert stats.decode_steps - before.decode_steps < 64  # the cancelled row was dropped, not run out
+
+
+async def test_bad_requests_are_refused_up_front(smol_engine):
+    with pytest.raises(EngineError, match="empty prompt"):
+        await smol_engine.generate([], greedy(), "empty")
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        await smol_engine.generate([1, 10**7], greedy(), "oov")
+
+
+async def test_shared_weights_and_close(smol_engine, prompts):
+    engine = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END])
+    assert engine.model is smol_engine.model
+    async with engine:
+        gen = await engine.generate(prompts[0], greedy(32, stop=[]), "shared")
+        assert gen.finish_reason == "stop" and gen.token_ids[-1] == IM_END  # stop came from eos_token_ids
+    with pytest.raises(EngineError, match="closed"):
+        await engine.generate(prompts[0], greedy(), "too-late")
