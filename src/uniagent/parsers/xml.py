@@ -12,6 +12,7 @@ from typing import Any
 
 from uniagent.parsers.base import ParseResult, Specs, ToolCall, ToolFormatError, normalize_tools
 from uniagent.parsers.coerce import checked_call, example_call, tool_error
+from uniagent.parsers.text import NO_TOOLS, tools_header
 from uniagent.parsers.text import skip_ws as _skip_ws
 from uniagent.parsers.text import snippet as _snippet
 
@@ -154,15 +155,11 @@ class XMLParser:
         """Self-contained tool prompt for templates without native tool support."""
         specs = normalize_tools(tools) or {}
         if not specs:
-            return "# Tools\n\nNo tools are available. Answer directly, without any tool call."
-        listing = "\n".join(json.dumps(s.to_openai(), ensure_ascii=False) for s in specs.values())
+            return NO_TOOLS
         example = self.render_call(example_call(next(iter(specs.values()))))
         return (
-            "# Tools\n\n"
-            "You may call one or more tools to help with the user's request. "
-            "The tools are described by these JSON schemas:\n"
-            f"<tools>\n{listing}\n</tools>\n\n"
-            "To call a tool, write exactly this format, each tag on its own line:\n"
+            tools_header(specs.values())
+            + "To call a tool, write exactly this format, each tag on its own line:\n"
             f"{OPEN}\n{FUNC}tool_name>\n{PARAM}parameter_name>\nvalue\n{PARAM_CLOSE}\n"
             f"{PARAM}other_parameter>\nA value can be plain text\nspanning several lines.\n{PARAM_CLOSE}\n"
             f"{FUNC_CLOSE}\n{CLOSE}\n\n"
