@@ -25,3 +25,23 @@ class EngineError(UniAgentError):
 
 class TrajectoryError(UniAgentError):
     """A trajectory violates its invariants (lengths, masks, spans)."""
+
+
+class ConfigError(UniAgentError):
+    """A config key or value is wrong; the message names it."""
+
+
+class SandboxError(UniAgentError):
+    """A sandbox operation failed (the message says which and why)."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox could not be started, even after retries."""
+
+
+class SandboxDeadError(SandboxError):
+    """The sandbox (or its shell) died; the episode cannot go on in it."""
+
+
+class ToolError(UniAgentError):
+    """A tool is misconfigured (not a bad call by the model: that becomes an observation)."""

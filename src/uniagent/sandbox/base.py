@@ -1,0 +1,259 @@
+"""The Sandbox contract and what every backend shares.
+
+A backend implements `_start`, `_stop`, `_spawn` (run argv inside with pipes) and
+`_signal_tree`; it gets persistent sessions, `exec`, binary-safe file transfer through the
+shell, retries and bounded start concurrency from here. Backends with a faster native
+path (a bind-mounted workspace, `docker cp`, an SDK call) override the file methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
+from uniagent.sandbox.procs import quote, tree_signal_script
+from uniagent.sandbox.shell import ExecResult, ShellSession, wrap_cwd_env
+
+log = logging.getLogger(__name__)
+
+# Bytes per shell command when files travel through the shell (base64 inflates by 4/3).
+_CHUNK = 1 << 18
+
+
+class Sandbox(ABC):
+    """Where an episode's commands run. Unstarted when built; `async with` starts and stops it."""
+
+    kind: ClassVar[str] = "?"
+    start_slots: ClassVar[asyncio.Semaphore | None] = None
+    """Bounds concurrent starts per backend class (set with `set_start_concurrency`)."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.workdir: str = config.workdir
+        self.tools_dir: str = "/opt/uniagent/bin"
+        self._sessions: dict[str, ShellSession] = {}
+        self._started = False
+        self._stopped = False
+        self._watchdog: asyncio.Task[None] | None = None
+        self.start_time_s: float | None = None
+
+    # -- backend hooks -------------------------------------------------------------------
+    @abstractmethod
+    async def _start(self) -> None: ...
+
+    @abstractmethod
+    async def _stop(self) -> None: ...
+
+    @abstractmethod
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
+        """Run argv inside the sandbox with stdin/stdout pipes (stderr merged or dropped)."""
+
+    async def _signal_tree(self, session: ShellSession, sig: int) -> None:
+        """Default: a second process inside the sandbox walks /proc and signals the tree."""
+        if session.shell_pid is None:
+            return
+        proc = await self._spawn(["sh", "-c", tree_signal_script(session.shell_pid, sig)])
+        await asyncio.wait_for(proc.communicate(), 10)
+
+    def _preamble(self) -> str:
+        """Shell lines run when a session starts: PATH, env, cwd."""
+        lines = [f'export PATH={quote(self.tools_dir)}:"$PATH"']
+        lines += [f"export {k}={quote(v)}" for k, v in self.config.env.items()]
+        lines.append(f"cd -- {quote(self.workdir)} 2>/dev/null || true")
+        return "\n".join(lines)
+
+    async def _alive(self) -> bool:
+        return True
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def set_start_concurrency(cls, n: int) -> None:
+        cls.start_slots = asyncio.Semaphore(n)
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        cfg = self.config
+        last: BaseException | None = None
+        began = time.perf_counter()
+        for attempt in range(cfg.start_retries + 1):
+            try:
+                if self.start_slots is not None:
+                    async with self.start_slots:
+                        await asyncio.wait_for(self._start_and_probe(), cfg.start_timeout_s)
+                else:
+                    await asyncio.wait_for(self._start_and_probe(), cfg.start_timeout_s)
+                self._started = True
+                self.start_time_s = time.perf_counter() - began
+                self._arm_watchdog()
+                return
+            except (SandboxError, OSError, TimeoutError) as exc:
+                last = exc
+                log.warning("%s sandbox start attempt %d failed: %s", self.kind, attempt + 1, exc)
+                await self._safe_stop()
+                if attempt < cfg.start_retries:
+                    await asyncio.sleep(min(0.5 * 2**attempt, 5))
+        raise SandboxStartError(
+            f"could not start the {self.kind} sandbox after {cfg.start_retries + 1} attempts: {last}"
+        ) from last
+
+    async def _start_and_probe(self) -> None:
+        await self._start()
+        await self.session("default")
+
+    def _arm_watchdog(self) -> None:
+        wall = self.config.limits.wall_clock_s
+        if wall:
+            self._watchdog = asyncio.get_running_loop().create_task(self._expire(wall))
+
+    async def _expire(self, after: float) -> None:
+        await asyncio.sleep(after)
+        log.warning("%s sandbox reached its wall-clock limit of %gs; stopping it", self.kind, after)
+        await self.stop()
+
+    async def _safe_stop(self) -> None:
+        for s in list(self._sessions.values()):
+            await s.close()
+        self._sessions.clear()
+        try:
+            await self._stop()
+        except Exception as exc:  # a failed cleanup must not hide the start error
+            log.warning("%s sandbox cleanup failed: %s", self.kind, exc)
+
+    async def stop(self) -> None:
+        """Kill everything that runs inside and free all resources. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._watchdog and self._watchdog is not asyncio.current_task():
+            self._watchdog.cancel()
+        await self._safe_stop()
+
+    async def alive(self) -> bool:
+        if not self._started or self._stopped:
+            return False
+        return await self._alive()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- commands ------------------------------------------------------------------------
+    async def session(self, name: str = "default") -> ShellSession:
+        """A persistent shell; created on first use. Sessions do not share cwd or variables."""
+        if self._stopped:
+            raise SandboxDeadError(f"the {self.kind} sandbox is stopped")
+        sess = self._sessions.get(name)
+        if sess is None:
+            sess = ShellSession(
+                self._spawn,
+                self._signal_tree,
+                name=name,
+                preamble=self._preamble(),
+                start_timeout_s=self.config.start_timeout_s,
+            )
+            await sess.start()
+            self._sessions[name] = sess
+        return sess
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        session: str = "default",
+        max_output: int | None = -1,
+    ) -> ExecResult:
+        """Run a bash command line in a persistent session.
+
+        With `cwd` or `env` the command runs in a subshell, so the session's own state is
+        untouched. `max_output=-1` uses the config's limit; `None` keeps everything.
+        """
+        if not self._started or self._stopped:
+            raise SandboxDeadError(f"the {self.kind} sandbox is not running (start it first)")
+        sess = await self.session(session)
+        limit = self.config.max_output_chars if max_output == -1 else max_output
+        t = self.config.default_timeout_s if timeout is None else timeout
+        try:
+            result = await sess.run(wrap_cwd_env(command, cwd, env), t, limit)
+        except SandboxDeadError:
+            if not await self._alive():
+                raise SandboxDeadError(f"the {self.kind} sandbox died") from None
+            raise
+        return result
+
+    async def _checked(self, command: str, what: str, timeout: float = 300) -> str:
+        res = await self.exec(command, timeout=timeout, max_output=None, session="_files")
+        if not res.ok:
+            raise SandboxError(f"{what} failed (exit {res.exit_code}): {res.output.strip()[-500:]}")
+        return res.output
+
+    # -- files (through the shell; backends override with native paths) -----------------
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else f"{self.workdir.rstrip('/')}/{path}"
+
+    async def read_file(self, path: str) -> bytes:
+        out = await self._checked(f"base64 -w0 -- {quote(self._abs(path))}", f"reading {path}")
+        return base64.b64decode(out.strip())
+
+    async def read_text(self, path: str) -> str:
+        return (await self.read_file(path)).decode("utf-8", errors="replace")
+
+    async def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        dest = quote(self._abs(path))
+        await self._checked(f'mkdir -p -- "$(dirname -- {dest})" && : > {dest}', f"writing {path}")
+        for i in range(0, len(raw), _CHUNK):
+            b64 = base64.b64encode(raw[i : i + _CHUNK]).decode()
+            await self._checked(f"printf %s {b64} | base64 -d >> {dest}", f"writing {path}")
+        if mode is not None:
+            await self._checked(f"chmod {mode:o} -- {dest}", f"chmod {path}")
+
+    async def upload(self, src: str | Path, dest: str) -> None:
+        """Copy a host file or directory to `dest` inside the sandbox."""
+        src = Path(src)
+        if src.is_file():
+            await self.write_file(dest, src.read_bytes(), mode=src.stat().st_mode & 0o777)
+            return
+        if not src.is_dir():
+            raise SandboxError(f"upload source {src} does not exist")
+        bio = io.BytesIO()
+        with tarfile.open(fileobj=bio, mode="w:gz") as tar:
+            tar.add(src, arcname=".")
+        tmp = f"/tmp/.ua_upload_{id(bio)}.tgz"
+        await self.write_file(tmp, bio.getvalue())
+        d = quote(self._abs(dest))
+        await self._checked(
+            f"mkdir -p -- {d} && tar -xzf {tmp} -C {d} && rm -f {tmp}", f"unpacking into {dest}"
+        )
+
+    async def download(self, src: str, dest: str | Path) -> None:
+        """Copy a file or directory from inside the sandbox to the host path `dest`."""
+        dest = Path(dest)
+        s = quote(self._abs(src))
+        kind = (
+            await self._checked(f"if [ -d {s} ]; then echo d; elif [ -e {s} ]; then echo f; fi", "stat")
+        ).strip()
+        if kind == "f":
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(await self.read_file(src))
+        elif kind == "d":
+            out = await self._checked(f"tar -czf - -C {s} . | base64 -w0", f"packing {src}")
+            dest.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out.strip())), mode="r:gz") as tar:
+                tar.extractall(dest, filter="data")
+        else:
+            raise SandboxError(f"{src} does not exist in the sandbox")

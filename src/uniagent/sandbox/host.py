@@ -1,0 +1,54 @@
+"""No isolation: commands run on this machine as the current user. Opt-in only, and loud."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from uniagent.errors import ConfigError
+from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import HostConfig
+from uniagent.sandbox.procs import find_with_arg, signal_descendants
+from uniagent.sandbox.shell import ShellSession
+
+log = logging.getLogger(__name__)
+
+
+class HostSandbox(Sandbox):
+    """For trusted code and debugging. The model's commands can touch everything you can."""
+
+    kind = "host"
+
+    def __init__(self, config: HostConfig) -> None:
+        super().__init__(config)
+        self.workdir = os.path.abspath(config.workdir)
+        self.tools_dir = os.path.join(self.workdir, ".uniagent", "bin")
+
+    async def _start(self) -> None:
+        if not self.config.i_understand_there_is_no_isolation:
+            raise ConfigError(
+                "sandbox type `host` runs model commands on this machine without isolation; "
+                "set i_understand_there_is_no_isolation: true to allow it, or use type `local`"
+            )
+        log.warning("HOST SANDBOX: commands run on this machine WITHOUT ISOLATION in %s", self.workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+
+    async def _stop(self) -> None:
+        return None
+
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=self.workdir,
+            start_new_session=True,
+        )
+
+    async def _signal_tree(self, session: ShellSession, sig: int) -> None:
+        if session.proc is None:
+            return
+        shell = find_with_arg(session.proc.pid, session.token) or session.proc.pid
+        signal_descendants(shell, sig)

@@ -1,0 +1,262 @@
+"""A persistent bash session over pipes, delimited by end markers.
+
+bash reads NUL-terminated commands on fd 7 and `eval`s each one in the same shell, so `cd`
+and `export` persist; every command gets stdin from /dev/null, so nothing interactive can
+wait for input. After each command the shell prints a random per-session marker with the
+exit code and cwd. A round trip costs one pipe write and one read: no polling, no delays.
+
+On a timeout the session signals the shell's descendants (SIGINT, then SIGKILL), never the
+shell itself, so the session survives with its state. A shell that is stuck in a builtin or
+that died is restarted in its last working directory, and the next output says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from uniagent.errors import SandboxDeadError
+from uniagent.sandbox.output import ClippedBuffer
+from uniagent.sandbox.procs import quote
+
+Spawner = Callable[[list[str]], Awaitable[asyncio.subprocess.Process]]
+"""Starts argv inside the sandbox with stdin/stdout pipes (stderr may be merged or dropped)."""
+
+TreeSignaller = Callable[["ShellSession", int], Awaitable[None]]
+"""Sends a signal to every descendant of the session's shell (not to the shell)."""
+
+READ_CHUNK = 1 << 16
+
+
+@dataclass
+class ExecResult:
+    """One command's outcome. `exit_code` is None when the command did not finish by itself."""
+
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    clipped: bool = False
+    duration_s: float = 0.0
+    cwd: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def driver_script(token: str, preamble: str = "") -> str:
+    """The bash program a session runs. `preamble` sets cwd, env and limits first."""
+    return (
+        "exec 7<&0 0</dev/null 2>&1\n"
+        f"{preamble}\n"
+        f"__ua_tok={token}\n"
+        'printf "%s-ready %d\\n" "$__ua_tok" "$$"\n'
+        "while IFS= read -r -d '' __ua_cmd <&7; do\n"
+        '  eval "$__ua_cmd" </dev/null\n'
+        "  __ua_rc=$?\n"
+        '  printf "\\n%s %d %s\\n" "$__ua_tok" "$__ua_rc" "$PWD"\n'
+        "done\n"
+    )
+
+
+class ShellSession:
+    """One bash process inside a sandbox. Commands run one at a time (a lock serialises them)."""
+
+    def __init__(
+        self,
+        spawn: Spawner,
+        signal_tree: TreeSignaller,
+        *,
+        name: str = "default",
+        preamble: str = "",
+        cwd: str | None = None,
+        start_timeout_s: float = 30.0,
+        interrupt_grace_s: float = 1.0,
+    ) -> None:
+        self.name = name
+        self._spawn = spawn
+        self._signal_tree = signal_tree
+        self._preamble = preamble
+        self.cwd = cwd
+        self.start_timeout_s = start_timeout_s
+        self.interrupt_grace_s = interrupt_grace_s
+        self.token = "__UA_" + secrets.token_hex(8)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.shell_pid: int | None = None  # as seen inside the sandbox
+        self.restarts = 0
+        self._pending = bytearray()
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def argv(self) -> list[str]:
+        preamble = self._preamble
+        if self.cwd:
+            preamble += f"\ncd -- {quote(self.cwd)} 2>/dev/null || true"
+        return ["bash", "--noprofile", "--norc", "-c", driver_script(self.token, preamble), self.token]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and not self._closed
+
+    async def start(self) -> None:
+        self._pending.clear()
+        try:
+            self.proc = await self._spawn(self.argv)
+            await asyncio.wait_for(self._read_ready(), self.start_timeout_s)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            await self._kill_proc()
+            raise SandboxDeadError(f"shell session {self.name!r} did not start: {exc!r}") from exc
+
+    async def _read_ready(self) -> None:
+        assert self.proc and self.proc.stdout
+        line = await self.proc.stdout.readuntil(f"{self.token}-ready ".encode())
+        del line
+        pid_line = await self.proc.stdout.readline()
+        self.shell_pid = int(pid_line.strip())
+
+    async def run(
+        self, command: str, timeout: float | None = None, max_output: int | None = 30_000
+    ) -> ExecResult:
+        async with self._lock:
+            note = ""
+            if not self.alive():
+                if self._closed:
+                    raise SandboxDeadError(f"shell session {self.name!r} is closed")
+                if self.proc is not None:
+                    note = self._restart_note()
+                await self.start()
+            result = await self._run_locked(command, timeout, max_output)
+            if note:
+                result.output = note + result.output
+            return result
+
+    def _restart_note(self) -> str:
+        self.restarts += 1
+        code = self.proc.returncode if self.proc else None
+        return (
+            f"[the previous shell ended (exit {code}); this command runs in a new shell in "
+            f"{self.cwd or 'the start directory'}; variables set before are gone]\n"
+        )
+
+    async def _run_locked(self, command: str, timeout: float | None, max_output: int | None) -> ExecResult:
+        assert self.proc and self.proc.stdin
+        if "\0" in command:
+            return ExecResult(2, "the command contains a NUL byte, which a shell cannot run", cwd=self.cwd)
+        buf = ClippedBuffer(max_output)
+        started = time.perf_counter()
+        try:
+            self.proc.stdin.write(command.encode() + b"\0")
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            await self._kill_proc()
+            raise SandboxDeadError(f"shell session {self.name!r} is gone: {exc!r}") from exc
+        state: dict[str, object] = {}
+        timed_out = False
+        try:
+            await asyncio.wait_for(self._collect(buf, state), timeout)
+        except TimeoutError:
+            timed_out = True
+            await self._stop_command(buf, state)
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            state["eof"] = True
+        duration = time.perf_counter() - started
+        text = buf.text()
+        if "rc" in state:
+            code: int | None = int(state["rc"])  # type: ignore[call-overload]
+            self.cwd = str(state.get("cwd") or self.cwd or "") or None
+        else:
+            code = None
+        if timed_out:
+            text += f"\n[the command timed out after {timeout:g}s and was interrupted]"
+            if not self.alive():
+                text += "\n[the shell was restarted; variables set before are gone]"
+        elif state.get("eof"):
+            await self._kill_proc()
+            code = self.proc.returncode if self.proc else None
+            text += "\n[the shell exited; the next command starts a new shell]"
+        return ExecResult(code, text, timed_out, bool(buf.dropped), duration, self.cwd)
+
+    async def _collect(self, buf: ClippedBuffer, state: dict[str, object]) -> None:
+        """Read until the marker line; resumable after a cancellation (state lives in `buf`/`state`)."""
+        assert self.proc and self.proc.stdout
+        marker = f"\n{self.token} ".encode()
+        keep = len(marker)
+        while True:
+            idx = self._pending.find(marker)
+            if idx >= 0:
+                end = self._pending.find(b"\n", idx + len(marker))
+                if end >= 0:
+                    buf.feed(bytes(self._pending[:idx]))
+                    rc, _, cwd = (
+                        self._pending[idx + len(marker) : end].decode(errors="replace").partition(" ")
+                    )
+                    state["rc"], state["cwd"] = rc, cwd
+                    del self._pending[: end + 1]
+                    return
+            elif len(self._pending) > keep:
+                buf.feed(bytes(self._pending[:-keep]))
+                del self._pending[:-keep]
+            chunk = await self.proc.stdout.read(READ_CHUNK)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(self._pending), None)
+            self._pending += chunk
+
+    async def _stop_command(self, buf: ClippedBuffer, state: dict[str, object]) -> None:
+        """SIGINT what the command started, then SIGKILL it; restart the shell if it is stuck."""
+        plan = [(signal.SIGINT, self.interrupt_grace_s)] + [(signal.SIGKILL, 0.3)] * 6
+        for sig, wait in plan:
+            with contextlib.suppress(Exception):
+                await self._signal_tree(self, sig)
+            try:
+                await asyncio.wait_for(self._collect(buf, state), wait)
+                return
+            except TimeoutError:
+                continue
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                break
+        await self._kill_proc()
+
+    async def interrupt(self) -> None:
+        """Interrupt whatever runs now (from another task), as Ctrl-C would."""
+        await self._signal_tree(self, signal.SIGINT)
+
+    async def _kill_proc(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), 5)
+
+    async def close(self) -> None:
+        self._closed = True
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.stdin and not proc.stdin.is_closing():
+            proc.stdin.close()
+        await self._kill_proc()
+        # Drop transports now so no pipe outlives the session.
+        with contextlib.suppress(Exception):
+            proc._transport.close()  # type: ignore[attr-defined]
+
+
+def wrap_cwd_env(command: str, cwd: str | None, env: dict[str, str] | None) -> str:
+    """Run `command` with a one-off cwd/env in a subshell, leaving the session's state alone."""
+    if not cwd and not env:
+        return command
+    parts = []
+    if cwd:
+        parts.append(f"cd -- {quote(cwd)} || exit $?")
+    for key, value in (env or {}).items():
+        if not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise ValueError(f"invalid environment variable name {key!r}")
+        parts.append(f"export {key}={quote(value)}")
+    parts.append(f"eval {quote(command)}")
+    return "(" + "\n".join(parts) + "\n)"
