@@ -32,6 +32,8 @@ class Sandbox(ABC):
     """Where an episode's commands run. Unstarted when built; `async with` starts and stops it."""
 
     kind: ClassVar[str] = "?"
+    kill_trees_on_stop: ClassVar[bool] = False
+    """True where stopping the backend does not by itself kill every process (host)."""
     start_slots: ClassVar[asyncio.Semaphore | None] = None
     """Bounds concurrent starts per backend class (set with `set_start_concurrency`)."""
 
@@ -62,6 +64,10 @@ class Sandbox(ABC):
             return
         proc = await self._spawn(["sh", "-c", tree_signal_script(session.shell_pid, sig)])
         await asyncio.wait_for(proc.communicate(), 10)
+
+    async def _kill_shell(self, session: ShellSession) -> None:
+        """Kill the session's shell when it is not the launched process itself (default: it is)."""
+        return None
 
     def _preamble(self) -> str:
         """Shell lines run when a session starts: PATH, env, cwd."""
@@ -121,7 +127,7 @@ class Sandbox(ABC):
 
     async def _safe_stop(self) -> None:
         for s in list(self._sessions.values()):
-            await s.close()
+            await s.close(kill_tree=self.kill_trees_on_stop)
         self._sessions.clear()
         try:
             await self._stop()
@@ -159,6 +165,7 @@ class Sandbox(ABC):
             sess = ShellSession(
                 self._spawn,
                 self._signal_tree,
+                kill_shell=self._kill_shell,
                 name=name,
                 preamble=self._preamble(),
                 start_timeout_s=self.config.start_timeout_s,

@@ -19,18 +19,19 @@ class HostSandbox(Sandbox):
     """For trusted code and debugging. The model's commands can touch everything you can."""
 
     kind = "host"
+    kill_trees_on_stop = True
 
     def __init__(self, config: HostConfig) -> None:
+        if not config.i_understand_there_is_no_isolation:
+            raise ConfigError(
+                "sandbox type `host` runs model commands on this machine without isolation; "
+                "set i_understand_there_is_no_isolation: true to allow it, or use type `local`"
+            )
         super().__init__(config)
         self.workdir = os.path.abspath(config.workdir)
         self.tools_dir = os.path.join(self.workdir, ".uniagent", "bin")
 
     async def _start(self) -> None:
-        if not self.config.i_understand_there_is_no_isolation:
-            raise ConfigError(
-                "sandbox type `host` runs model commands on this machine without isolation; "
-                "set i_understand_there_is_no_isolation: true to allow it, or use type `local`"
-            )
         log.warning("HOST SANDBOX: commands run on this machine WITHOUT ISOLATION in %s", self.workdir)
         os.makedirs(self.workdir, exist_ok=True)
 
@@ -50,5 +51,5 @@ class HostSandbox(Sandbox):
     async def _signal_tree(self, session: ShellSession, sig: int) -> None:
         if session.proc is None:
             return
-        shell = find_with_arg(session.proc.pid, session.token) or session.proc.pid
+        shell = find_with_arg(session.proc.pid, session.token, "bash") or session.proc.pid
         signal_descendants(shell, sig)

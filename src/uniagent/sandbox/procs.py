@@ -46,10 +46,16 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def find_with_arg(root: int, arg: str) -> int | None:
-    """The first process at or under `root` whose argv contains `arg` exactly."""
+def find_with_arg(root: int, arg: str, program: str | None = None) -> int | None:
+    """The first process at or under `root` (breadth first) whose argv contains `arg`.
+
+    With `program`, argv[0] must end with it: launchers (nsenter, env) carry the same
+    arguments, and forked subshells below the match share its argv, so the first match
+    that runs `program` is the one meant.
+    """
     for pid in [root, *descendants(root)]:
-        if arg in cmdline(pid):
+        argv = cmdline(pid)
+        if arg in argv and (program is None or argv[0].endswith(program)):
             return pid
     return None
 

@@ -72,6 +72,7 @@ class ShellSession:
         spawn: Spawner,
         signal_tree: TreeSignaller,
         *,
+        kill_shell: Callable[[ShellSession], Awaitable[None]] | None = None,
         name: str = "default",
         preamble: str = "",
         cwd: str | None = None,
@@ -81,6 +82,7 @@ class ShellSession:
         self.name = name
         self._spawn = spawn
         self._signal_tree = signal_tree
+        self._kill_shell = kill_shell
         self._preamble = preamble
         self.cwd = cwd
         self.start_timeout_s = start_timeout_s
@@ -98,7 +100,16 @@ class ShellSession:
         preamble = self._preamble
         if self.cwd:
             preamble += f"\ncd -- {quote(self.cwd)} 2>/dev/null || true"
-        return ["bash", "--noprofile", "--norc", "-c", driver_script(self.token, preamble), self.token]
+        # $0 is "bash" so error messages read as usual; the token in argv finds the process.
+        return [
+            "bash",
+            "--noprofile",
+            "--norc",
+            "-c",
+            driver_script(self.token, preamble),
+            "bash",
+            self.token,
+        ]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None and not self._closed
@@ -225,26 +236,37 @@ class ShellSession:
         """Interrupt whatever runs now (from another task), as Ctrl-C would."""
         await self._signal_tree(self, signal.SIGINT)
 
-    async def _kill_proc(self) -> None:
+    async def _kill_proc(self, tree: bool = True) -> None:
         proc = self.proc
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        # What the shell started, then the shell itself (it may not be `proc`: a backend can
+        # reach it through a launcher such as nsenter or `docker exec`).
+        if tree:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._signal_tree(self, signal.SIGKILL), 5)
+        if self._kill_shell is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._kill_shell(self), 5)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        # Close our pipe ends now: a background process the command left behind may hold the
+        # other ends open for a long time, and `wait()` would wait for it too.
+        with contextlib.suppress(Exception):
+            proc._transport.close()  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):
             await asyncio.wait_for(proc.wait(), 5)
 
-    async def close(self) -> None:
+    async def close(self, kill_tree: bool = True) -> None:
+        """End the session. `kill_tree=False` when the whole sandbox is torn down anyway."""
         self._closed = True
         proc = self.proc
         if proc is None:
             return
         if proc.stdin and not proc.stdin.is_closing():
             proc.stdin.close()
-        await self._kill_proc()
-        # Drop transports now so no pipe outlives the session.
-        with contextlib.suppress(Exception):
-            proc._transport.close()  # type: ignore[attr-defined]
+        await self._kill_proc(tree=kill_tree)
 
 
 def wrap_cwd_env(command: str, cwd: str | None, env: dict[str, str] | None) -> str:

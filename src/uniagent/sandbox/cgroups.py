@@ -1,0 +1,127 @@
+"""Per-sandbox cgroups (v1 controllers or a v2 unified tree), when this machine allows them.
+
+A cgroup is what makes memory and process-count limits hold for a whole process tree (an
+rlimit is per process, and RLIMIT_NPROC counts the host user's processes, not the
+sandbox's). Where no cgroup can be created the caller falls back to rlimits and logs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_path(controller: str) -> str:
+    """This process's cgroup for a v1 controller ('' for the v2 unified line)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            return path
+    return "/"
+
+
+class SandboxCgroup:
+    """One cgroup per controller for one sandbox; `procs_files` are what a child joins."""
+
+    def __init__(self, name: str, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        self.name = name
+        self.dirs: list[Path] = []
+        self.applied: list[str] = []
+        self.missing: list[str] = []
+        if (ROOT / "cgroup.controllers").exists():
+            self._setup_v2(memory_mb, pids, cpus)
+        else:
+            self._setup_v1(memory_mb, pids, cpus)
+
+    def _mk(self, base: Path) -> Path | None:
+        d = base / self.name
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+        self.dirs.append(d)
+        return d
+
+    @staticmethod
+    def _write(path: Path, value: str) -> bool:
+        try:
+            path.write_text(value)
+            return True
+        except OSError:
+            return False
+
+    def _setup_v1(self, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        wants = {"memory": memory_mb, "pids": pids, "cpu": cpus}
+        for ctrl, value in wants.items():
+            if value is None:
+                continue
+            d = self._mk(ROOT / ctrl / _own_path(ctrl).lstrip("/"))
+            ok = d is not None
+            if d is not None and ctrl == "memory":
+                ok = self._write(d / "memory.limit_in_bytes", str(int(value) << 20))
+                if (d / "memory.memsw.limit_in_bytes").exists():
+                    self._write(d / "memory.memsw.limit_in_bytes", str(int(value) << 20))
+            elif d is not None and ctrl == "pids":
+                ok = self._write(d / "pids.max", str(int(value)))
+            elif d is not None and ctrl == "cpu":
+                ok = self._write(d / "cpu.cfs_quota_us", str(int(float(value) * 100_000)))
+            (self.applied if ok else self.missing).append(ctrl)
+
+    def _setup_v2(self, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        d = self._mk(ROOT / _own_path("").lstrip("/"))
+        for ctrl, fname, value in (
+            ("memory", "memory.max", None if memory_mb is None else str(int(memory_mb) << 20)),
+            ("pids", "pids.max", None if pids is None else str(int(pids))),
+            ("cpu", "cpu.max", None if cpus is None else f"{int(float(cpus) * 100_000)} 100000"),
+        ):
+            if value is None:
+                continue
+            ok = d is not None and self._write(d / fname, value)
+            (self.applied if ok else self.missing).append(ctrl)
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError, ValueError):
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        return out
+
+    def kill_all(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL until empty: forks racing the kill are caught by the next sweep."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        log.warning("cgroup %s still has processes after %gs", self.name, timeout_s)
+
+    def remove(self) -> None:
+        for d in reversed(self.dirs):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+        self.dirs.clear()

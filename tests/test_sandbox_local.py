@@ -1,0 +1,268 @@
+"""The default `local` sandbox (real bubblewrap): isolation, limits, lifecycle, files.
+
+The escape battery tries what a careless or hostile command would: write or read outside the
+workspace, reach a host port, fork-bomb, eat memory, leave a setsid daemon behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from uniagent import sandbox
+from uniagent.errors import ConfigError, SandboxDeadError, SandboxStartError
+from uniagent.sandbox import procs
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def _pids_with_arg(arg: str) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and arg in procs.cmdline(int(p))]
+
+
+async def test_create_from_dict_and_config_errors(tmp_path: Path) -> None:
+    sb = sandbox.create({"workspace": str(tmp_path)})
+    assert sb.kind == "local" and not await sb.alive()
+    with pytest.raises(ConfigError, match=r"sandbox\.local\.netwrk"):
+        sandbox.create({"type": "local", "netwrk": True})
+    with pytest.raises(ConfigError, match="type"):
+        sandbox.create({"type": "nope"})
+
+
+async def test_basic_layout_and_scrubbed_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UA_TEST_SECRET_TOKEN", "sk-do-not-leak")
+    cfg = {"workspace": str(tmp_path), "env": {"TASK_VAR": "v1"}}
+    async with sandbox.create(cfg) as sb:
+        r = await sb.exec("pwd; hostname; env | sort; ls /proc | grep -c '^[0-9]'")
+        assert r.ok, r.output
+        lines = r.output.splitlines()
+        assert lines[0] == "/workspace" and lines[1] == "sandbox"
+        assert "TASK_VAR=v1" in r.output and "sk-do-not-leak" not in r.output
+        assert int(lines[-1]) < 10, "a private PID namespace shows only the sandbox's processes"
+        r = await sb.exec("python -c 'import pytest, sys; print(sys.version_info[0])'")
+        assert r.output.strip() == "3", r.output
+        r = await sb.exec("wc -c < /etc/shadow")
+        assert r.output.strip() in ("0", "") or "Permission denied" in r.output
+
+
+async def test_escape_write_outside_workspace(tmp_path: Path) -> None:
+    marker = f"ua-escape-{secrets.token_hex(4)}"
+    async with sandbox.create({"workspace": str(tmp_path / "ws")}) as sb:
+        for target in (f"/etc/{marker}", f"/usr/{marker}", f"/{marker}", f"/.uniagent/bin/{marker}"):
+            r = await sb.exec(f"echo x > {target}")
+            assert r.exit_code != 0, f"wrote {target}: {r.output}"
+        r = await sb.exec(f"echo x > /tmp/{marker} && echo x > /workspace/{marker} && echo ok")
+        assert r.output.strip() == "ok"
+    assert not Path(f"/tmp/{marker}").exists(), "the sandbox's /tmp is private"
+    assert not Path(f"/etc/{marker}").exists() and not Path(f"/{marker}").exists()
+    assert (tmp_path / "ws" / marker).exists(), "the workspace is the one writable host path"
+
+
+async def test_escape_read_secret_outside_workspace(tmp_path: Path) -> None:
+    secret = Path(f"/tmp/ua-secret-{secrets.token_hex(4)}")
+    secret.write_text("TOP-SECRET-VALUE")
+    home_secret = Path.home() / f".ua-secret-{secrets.token_hex(4)}"
+    home_secret.write_text("TOP-SECRET-VALUE")
+    here = Path(__file__).resolve()
+    try:
+        async with sandbox.create({"workspace": str(tmp_path)}) as sb:
+            for p in (secret, home_secret, here):
+                r = await sb.exec(f"cat {p}")
+                assert r.exit_code != 0 and "TOP-SECRET" not in r.output and "escape battery" not in r.output
+            # A symlink planted in the workspace must not make the host read or write its target.
+            await sb.exec(f"ln -s {secret} leak; ln -s {home_secret} plant")
+            with pytest.raises(Exception):  # noqa: B017 - any error is fine, content is not
+                data = await sb.read_file("leak")
+                assert b"TOP-SECRET" not in data
+                raise AssertionError("read through a dangling link")
+            with pytest.raises(Exception):  # noqa: B017
+                await sb.write_file("plant", b"overwritten")
+            assert home_secret.read_text() == "TOP-SECRET-VALUE"
+    finally:
+        secret.unlink()
+        home_secret.unlink()
+
+
+async def test_escape_network_egress_to_host_loopback(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('CONNECTED')"
+    probe = f'python -c "{connect}"'
+    try:
+        async with sandbox.create({"workspace": str(tmp_path)}) as sb:
+            r = await sb.exec(probe, timeout=10)
+            assert "CONNECTED" not in r.output and r.exit_code != 0
+            r = await sb.exec("ip -o link 2>/dev/null || cat /proc/net/dev")
+            assert "eth" not in r.output, "only loopback exists without `network: true`"
+        async with sandbox.create({"workspace": str(tmp_path), "network": True}) as sb:
+            r = await sb.exec(probe, timeout=10)
+            assert "CONNECTED" in r.output, "positive control: network on reaches the port"
+    finally:
+        server.close()
+
+
+async def test_escape_fork_bomb_is_contained(tmp_path: Path) -> None:
+    cfg = {"workspace": str(tmp_path), "limits": {"pids": 64}}
+    async with sandbox.create(cfg) as sb:
+        cg = sb._cgroup  # type: ignore[attr-defined]
+        if cg is None or "pids" not in cg.applied:
+            pytest.skip("no pids cgroup on this machine")
+        r = await sb.exec("bomb() { bomb | bomb & }; bomb", timeout=3)
+        assert r.timed_out or r.exit_code is not None
+        assert len(cg.pids()) <= 64
+        pids = set(cg.pids())
+    time.sleep(0.2)
+    assert not [p for p in pids if procs.alive(p)], "stop kills every process of the bomb"
+    assert os.fork is not None and (await asyncio.create_subprocess_exec("true")).pid > 0
+
+
+async def test_escape_memory_bomb_is_contained(tmp_path: Path) -> None:
+    cfg = {"workspace": str(tmp_path), "limits": {"memory_mb": 128}}
+    async with sandbox.create(cfg) as sb:
+        r = await sb.exec(
+            'python -c \'x = bytearray(1 << 30); x[::4096] = b"1" * len(x[::4096]); print("ALLOC")\''
+        )
+        assert "ALLOC" not in r.output.splitlines() and r.exit_code != 0, r.output
+        r = await sb.exec("echo still here")
+        assert r.output.strip().endswith("still here"), "the sandbox survives its memory bomb"
+
+
+async def test_escape_setsid_orphan_dies_on_stop(tmp_path: Path) -> None:
+    tag = f"{secrets.randbelow(10**6) + 10**6}.25"
+    async with sandbox.create({"workspace": str(tmp_path)}) as sb:
+        await sb.exec(
+            f"setsid sleep {tag} > /dev/null 2>&1 & nohup sleep {tag} > /dev/null 2>&1 & disown; true"
+        )
+        await sb.exec(f"setsid bash -c 'setsid sleep {tag} & exec sleep {tag}' >/dev/null 2>&1 &")
+        deadline = time.monotonic() + 5
+        while len(_pids_with_arg(tag)) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(_pids_with_arg(tag)) >= 4
+    deadline = time.monotonic() + 5
+    while _pids_with_arg(tag) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _pids_with_arg(tag) == [], "daemons that called setsid do not survive stop"
+
+
+async def test_rlimits_file_size_and_open_files(tmp_path: Path) -> None:
+    cfg = {"workspace": str(tmp_path), "limits": {"file_size_mb": 1, "open_files": 64, "cpu_time_s": 1}}
+    async with sandbox.create(cfg) as sb:
+        r = await sb.exec("ulimit -n; ulimit -t")
+        assert r.output.split() == ["64", "1"]
+        r = await sb.exec("head -c 3000000 /dev/zero > big; ls -l big | awk '{print $5}'")
+        assert r.output.strip().splitlines()[-1] == str(1 << 20)
+        r = await sb.exec("python -c 'while True: pass'", timeout=30)
+        assert r.exit_code not in (0, None) and not r.timed_out, "RLIMIT_CPU stops a CPU hog"
+
+
+async def test_timeout_interrupts_and_session_survives(tmp_path: Path) -> None:
+    async with sandbox.create({"workspace": str(tmp_path)}) as sb:
+        await sb.exec("export KEEP=1; cd /tmp")
+        t0 = time.monotonic()
+        r = await sb.exec("sleep 100", timeout=0.5)
+        assert r.timed_out and "timed out after 0.5s" in r.output
+        assert time.monotonic() - t0 < 5
+        r = await sb.exec("echo $KEEP; pwd")
+        assert r.output.split() == ["1", "/tmp"]
+        assert not [p for p in _pids_with_arg("100") if "sleep" in procs.cmdline(p)[0]]
+
+
+async def test_killed_shell_restarts_and_killed_sandbox_is_dead(tmp_path: Path) -> None:
+    async with sandbox.create({"workspace": str(tmp_path)}) as sb:
+        await sb.exec("cd /tmp")
+        r = await sb.exec("kill -9 $$")
+        r = await sb.exec("pwd")
+        assert "new shell" in r.output and r.output.strip().endswith("/tmp")
+        sb._proc.kill()  # type: ignore[union-attr]
+        await asyncio.sleep(0.2)
+        assert not await sb.alive()
+        with pytest.raises(SandboxDeadError):
+            await sb.exec("echo hi")
+
+
+async def test_wall_clock_limit_stops_the_sandbox(tmp_path: Path) -> None:
+    async with sandbox.create({"workspace": str(tmp_path), "limits": {"wall_clock_s": 0.5}}) as sb:
+        assert await sb.alive()
+        await asyncio.sleep(1.0)
+        assert not await sb.alive()
+
+
+async def test_files_binary_safe_inside_and_outside_workspace(tmp_path: Path) -> None:
+    blob = bytes(range(256)) * 512 + b"\x00\r\n\x1b[31m"
+    async with sandbox.create({"workspace": str(tmp_path / "ws")}) as sb:
+        await sb.write_file("sub/blob.bin", blob)
+        assert (tmp_path / "ws" / "sub" / "blob.bin").read_bytes() == blob
+        assert await sb.read_file("/workspace/sub/blob.bin") == blob
+        await sb.write_file("/tmp/blob.bin", blob, mode=0o600)
+        assert await sb.read_file("/tmp/blob.bin") == blob
+        r = await sb.exec(
+            "stat -c %a /tmp/blob.bin; sha256sum /tmp/blob.bin sub/blob.bin | awk '{print $1}' | uniq | wc -l"
+        )
+        assert r.output.split() == ["600", "1"]
+        src = tmp_path / "tree"
+        (src / "a" / "b").mkdir(parents=True)
+        (src / "a" / "b" / "f.txt").write_text("deep")
+        (src / "top.bin").write_bytes(blob)
+        await sb.upload(src, "/tmp/up")
+        await sb.upload(src, "up")
+        r = await sb.exec("cat /tmp/up/a/b/f.txt up/a/b/f.txt")
+        assert r.output == "deepdeep"
+        await sb.download("/tmp/up", tmp_path / "down1")
+        await sb.download("up", tmp_path / "down2")
+        for d in ("down1", "down2"):
+            assert (tmp_path / d / "a" / "b" / "f.txt").read_text() == "deep"
+            assert (tmp_path / d / "top.bin").read_bytes() == blob
+
+
+async def test_missing_bwrap_is_a_typed_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without bubblewrap on it
+    with pytest.raises(SandboxStartError, match="bubblewrap"):
+        await sandbox.create({"workspace": str(tmp_path), "start_retries": 0}).start()
+
+
+async def test_hundred_sandboxes_concurrently_leave_nothing_behind(tmp_path: Path) -> None:
+    def snapshot() -> tuple[int, int, int, int]:
+        fds = len(os.listdir("/proc/self/fd"))
+        tmp = [p for p in os.listdir(tempfile_dir()) if p.startswith(("uniagent-ws-", "uniagent-ctl-"))]
+        kids = procs.descendants(os.getpid())
+        cgroups = (
+            sum(1 for d in Path("/sys/fs/cgroup").glob("*/**/uniagent-*") if d.is_dir())
+            if Path("/sys/fs/cgroup").exists()
+            else 0
+        )
+        return fds, len(tmp), len(kids), cgroups
+
+    before = snapshot()
+    sem = asyncio.Semaphore(25)
+
+    async def one(i: int) -> str:
+        async with sem, sandbox.create({}) as sb:
+            r = await sb.exec(f"echo {i} > f; cat f; sleep 0.05 & setsid sleep 30 &")
+            return r.output.strip()
+
+    t0 = time.monotonic()
+    outs = await asyncio.gather(*(one(i) for i in range(100)))
+    elapsed = time.monotonic() - t0
+    assert outs == [str(i) for i in range(100)]
+    await asyncio.sleep(0.3)
+    after = snapshot()
+    assert after[1] == before[1], "temp dirs removed"
+    assert after[2] == before[2], f"no leaked processes: {procs.descendants(os.getpid())}"
+    assert after[3] == before[3], "cgroups removed"
+    assert after[0] <= before[0] + 2, f"file descriptors: {before[0]} -> {after[0]}"
+    print(f"100 sandboxes, 25 at a time: {elapsed:.1f}s")
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()

@@ -1,0 +1,124 @@
+"""Persistent shell sessions, on the local (bubblewrap) and host backends."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from uniagent import sandbox
+from uniagent.errors import ConfigError
+from uniagent.sandbox.output import ClippedBuffer, strip_ansi
+
+BACKENDS = ["local", "host"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def sb(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[sandbox.Sandbox]:
+    if request.param == "local":
+        if shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap is not installed")
+        cfg = {"type": "local", "workspace": str(tmp_path)}
+    else:
+        cfg = {"type": "host", "workdir": str(tmp_path), "i_understand_there_is_no_isolation": True}
+    async with sandbox.create(cfg) as box:
+        yield box
+
+
+async def test_state_persists_and_exit_codes(sb: sandbox.Sandbox) -> None:
+    r = await sb.exec("mkdir -p d && cd d && export FOO='a b' && false")
+    assert r.exit_code == 1 and r.cwd and r.cwd.endswith("/d")
+    r = await sb.exec('echo "$FOO"; basename "$PWD"')
+    assert r.output == "a b\nd\n" and r.exit_code == 0
+    r = await sb.exec("(exit 42)")
+    assert r.exit_code == 42 and not r.ok
+
+
+async def test_one_off_cwd_and_env_do_not_persist(sb: sandbox.Sandbox) -> None:
+    r = await sb.exec("pwd; echo $ONE", cwd="/tmp", env={"ONE": "1"})
+    assert r.output == "/tmp\n1\n"
+    r = await sb.exec("pwd; echo ${ONE:-unset}")
+    assert r.output.splitlines() == [sb.workdir, "unset"]
+    r = await sb.exec("true", cwd="/does/not/exist")
+    assert r.exit_code != 0 and "No such file" in r.output
+
+
+async def test_stdin_is_closed(sb: sandbox.Sandbox) -> None:
+    t0 = time.monotonic()
+    r = await sb.exec("cat; read x; echo rc=$?; python3 -c 'input()' 2>&1 | tail -1", timeout=10)
+    assert time.monotonic() - t0 < 5 and not r.timed_out
+    assert "rc=1" in r.output and "EOFError" in r.output
+
+
+async def test_output_exact_ansi_stripped_and_clipped(sb: sandbox.Sandbox) -> None:
+    assert (await sb.exec("printf abc")).output == "abc"
+    assert (await sb.exec("printf 'abc\\n\\n'")).output == "abc\n\n"
+    assert (await sb.exec("printf '\\033[1;31mred\\033[0m\\n'")).output == "red\n"
+    r = await sb.exec("seq 1 200000", max_output=1000)
+    assert r.clipped and r.output.startswith("1\n2\n") and r.output.endswith("199999\n200000\n")
+    assert "bytes of output cut here" in r.output and len(r.output) < 1300
+    r = await sb.exec("echo; echo __UA_0000 0 /fake; echo after")
+    assert r.output == "\n__UA_0000 0 /fake\nafter\n", "a look-alike marker is just output"
+    r = await sb.exec("head -c 5000000 /dev/zero | tr '\\0' x | wc -c", max_output=None)
+    assert r.output.strip() == "5000000"
+
+
+async def test_timeouts_builtin_loops_and_exits(sb: sandbox.Sandbox) -> None:
+    await sb.exec("export KEEP=yes")
+    r = await sb.exec("python3 -c 'import time; time.sleep(60)'", timeout=0.5)
+    assert r.timed_out and "KeyboardInterrupt" in r.output
+    assert (await sb.exec("echo $KEEP")).output == "yes\n", "the session survives an interrupt"
+    r = await sb.exec("while :; do :; done", timeout=0.3)
+    assert r.timed_out and "restarted" in r.output
+    r = await sb.exec("echo ${KEEP:-gone}")
+    assert "new shell" in r.output and r.output.endswith("gone\n")
+    r = await sb.exec("exit 7")
+    assert r.exit_code == 7 and "shell exited" in r.output
+    assert (await sb.exec("echo back")).output.endswith("back\n")
+
+
+async def test_sessions_are_independent_and_serialised(sb: sandbox.Sandbox) -> None:
+    await sb.exec("cd /tmp; export WHO=default")
+    await sb.exec("export WHO=second", session="second")
+    assert (await sb.exec("echo $WHO; pwd", session="second")).output == f"second\n{sb.workdir}\n"
+    assert (await sb.exec("echo $WHO; pwd")).output == "default\n/tmp\n"
+    outs = await asyncio.gather(*(sb.exec(f"sleep 0.0{i % 3}; echo {i}") for i in range(20)))
+    assert [o.output.strip() for o in outs] == [str(i) for i in range(20)]
+
+
+async def test_interrupt_from_another_task(sb: sandbox.Sandbox) -> None:
+    sess = await sb.session()
+    task = asyncio.create_task(sb.exec("sleep 30; echo done-$?", timeout=20))
+    await asyncio.sleep(0.3)
+    await sess.interrupt()
+    r = await asyncio.wait_for(task, 5)
+    assert not r.timed_out and "done-130" in r.output
+
+
+async def test_nul_byte_is_refused(sb: sandbox.Sandbox) -> None:
+    r = await sb.exec("echo a\0b")
+    assert r.exit_code == 2 and "NUL" in r.output
+
+
+async def test_host_needs_explicit_opt_in(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="i_understand_there_is_no_isolation"):
+        sandbox.create({"type": "host", "workdir": str(tmp_path)})
+
+
+def test_clipped_buffer_keeps_head_and_tail() -> None:
+    buf = ClippedBuffer(10)
+    for ch in b"abcdefghijklmnopqrstuvwxyz":
+        buf.feed(bytes([ch]))
+    assert buf.head == b"abcde" and buf.tail == b"vwxyz" and buf.dropped == 16
+    assert strip_ansi("\x1b]0;title\x07a\x1b[2Kb\r\n") == "ab\n"
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"sandbox\.local\.limits\.pids"):
+        sandbox.parse_config({"limits": {"pids": 1}})
+    with pytest.raises(ConfigError, match="mapping"):
+        sandbox.parse_config("local")
