@@ -124,4 +124,3 @@ class SandboxCgroup:
                     break
                 except OSError:
                     time.sleep(0.02)
-        self.dirs.clear()
