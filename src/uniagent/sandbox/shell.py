@@ -252,9 +252,13 @@ class ShellSession:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         # Close our pipe ends now: a background process the command left behind may hold the
-        # other ends open for a long time, and `wait()` would wait for it too.
-        with contextlib.suppress(Exception):
-            proc._transport.close()  # type: ignore[attr-defined]
+        # other ends open for a long time, and `wait()` would wait for it too. (Only the pipes:
+        # closing the process transport would reap the child behind asyncio's watcher.)
+        for stream in (proc.stdin, proc.stdout):
+            transport = getattr(stream, "transport", None) or getattr(stream, "_transport", None)
+            if transport is not None:
+                with contextlib.suppress(Exception):
+                    transport.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(proc.wait(), 5)
 

@@ -1,0 +1,227 @@
+"""AgentInteraction: the ReAct loop shared by evaluation and training.
+
+query the model -> parse tool calls -> run them in order in the sandbox -> one observation
+per call -> repeat, until a tool ends the episode or a budget runs out. The loop never lets
+an exception escape: every way out is one `ExitReason`, so the runner can always store the
+episode and the trainer can always tell policy failures from infrastructure failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from uniagent.agent.config import AgentConfig
+from uniagent.agent.observation import format_error_message, tool_message
+from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+from uniagent.errors import EngineError, SandboxDeadError, SandboxError
+from uniagent.models.base import ChatModel
+from uniagent.sandbox.base import Sandbox
+from uniagent.tools.base import Tool, ToolResult
+
+log = logging.getLogger(__name__)
+
+Verifier = Callable[[Sandbox, EpisodeResult], Awaitable[Reward]]
+
+
+class AgentInteraction:
+    """One episode's loop. Build one per episode (it holds the model's per-episode state)."""
+
+    def __init__(self, model: ChatModel, tools: list[Tool], config: AgentConfig | None = None) -> None:
+        self.model = model
+        self.tools = {t.name: t for t in tools}
+        self.config = config or AgentConfig()
+        self.specs = [t.spec() for t in tools]
+
+    async def run(
+        self,
+        messages: list[dict[str, Any]],
+        sandbox: Sandbox,
+        verifier: Verifier | None = None,
+    ) -> EpisodeResult:
+        history = list(messages)
+        metrics: dict[str, Any] = {
+            "turns": 0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "tool_timeouts": 0,
+            "format_errors": 0,
+            "model_s": 0.0,
+            "tools_s": 0.0,
+            "verifier_s": 0.0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+        }
+        started = time.perf_counter()
+        final: ToolResult | None = None
+        error: str | None = None
+        exit_reason: ExitReason
+        try:
+            exit_reason, final = await self._loop(history, sandbox, metrics, started)
+        except asyncio.CancelledError:
+            exit_reason, error = ExitReason.CANCELLED, "cancelled"
+        except SandboxDeadError as exc:
+            exit_reason, error = ExitReason.SANDBOX_DEAD, str(exc)
+        except _ModelFailure as exc:
+            exit_reason, error = ExitReason.MODEL_ERROR, str(exc)
+        except Exception as exc:  # a bug of ours: recorded, never trained on
+            log.exception("episode failed inside the agent loop")
+            exit_reason, error = ExitReason.INTERNAL_ERROR, f"{exc!r}\n{traceback.format_exc(limit=8)}"
+        result = EpisodeResult(
+            messages=history,
+            trajectory=None,
+            exit_reason=exit_reason,
+            reward=None,
+            metrics=metrics,
+            patch=final.patch if final else None,
+            answer=final.answer if final else None,
+            error=error,
+        )
+        result.trajectory = self._finish_trajectory(history, result)
+        if exit_reason.trainable and verifier is not None:
+            await self._verify(verifier, sandbox, result)
+        metrics["wall_s"] = time.perf_counter() - started
+        return result
+
+    async def _loop(
+        self, history: list[dict[str, Any]], sandbox: Sandbox, metrics: dict[str, Any], started: float
+    ) -> tuple[ExitReason, ToolResult | None]:
+        cfg = self.config
+        bad_in_row = 0
+        while True:
+            if metrics["turns"] >= cfg.max_turns:
+                return ExitReason.MAX_TURNS, None
+            if cfg.wall_time_s and time.perf_counter() - started >= cfg.wall_time_s:
+                metrics["budget_hit"] = "wall_time"
+                return ExitReason.TIMEOUT_BUDGET, None
+            if self._context_full():
+                return ExitReason.CONTEXT_LIMIT, None
+            turn = await self._query(history, metrics, started)
+            metrics["turns"] += 1
+            history.append(turn.message)
+            if turn.format_error or not turn.tool_calls:
+                if turn.finish_reason == "length" and self._context_full():
+                    return ExitReason.CONTEXT_LIMIT, None
+                metrics["format_errors"] += 1
+                bad_in_row += 1
+                if bad_in_row >= cfg.max_format_errors:
+                    return ExitReason.FORMAT_ERRORS, None
+                history.append(format_error_message(turn.format_error))
+                continue
+            bad_in_row = 0
+            done: ToolResult | None = None
+            for i, call in enumerate(turn.tool_calls):
+                result = await self._run_tool(call.name, call.arguments, sandbox, metrics)
+                history.append(tool_message(call, result.text, cfg.observation_max_chars))
+                if result.done:
+                    done = result
+                    skipped = len(turn.tool_calls) - i - 1
+                    if skipped:
+                        metrics["calls_skipped_after_end"] = skipped
+                    break
+            if done is not None:
+                return ExitReason.FINISHED, done
+            if metrics["tool_timeouts"] >= cfg.timeout_budget:
+                metrics["budget_hit"] = "tool_timeouts"
+                return ExitReason.TIMEOUT_BUDGET, None
+
+    def _context_full(self) -> bool:
+        limit = self.config.max_context_tokens
+        used = getattr(self.model, "context_tokens", 0)
+        return bool(limit and used >= limit)
+
+    async def _query(self, history: list[dict[str, Any]], metrics: dict[str, Any], started: float) -> Any:
+        cfg = self.config
+        self._cap_turn_tokens()
+        remaining = None
+        if cfg.wall_time_s:
+            remaining = max(0.1, cfg.wall_time_s - (time.perf_counter() - started))
+        t0 = time.perf_counter()
+        try:
+            turn = await asyncio.wait_for(self.model.query(history, self.specs), remaining)
+        except TimeoutError:
+            raise _ModelFailure("the model did not answer within the episode's wall time") from None
+        except (EngineError, OSError) as exc:
+            raise _ModelFailure(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            metrics["model_s"] += time.perf_counter() - t0
+        metrics["prompt_tokens"] = max(metrics["prompt_tokens"], turn.prompt_tokens)
+        metrics["completion_tokens"] += turn.completion_tokens
+        return turn
+
+    def _cap_turn_tokens(self) -> None:
+        """Per-turn and context caps become the engine's max_tokens for this turn."""
+        sampling = getattr(self.model, "sampling", None)
+        if sampling is None:
+            return
+        cap = self.config.max_tokens_per_turn or sampling.max_tokens
+        if self.config.max_context_tokens:
+            used = getattr(self.model, "context_tokens", 0)
+            cap = max(1, min(cap, self.config.max_context_tokens - used))
+        if cap != sampling.max_tokens:
+            self.model.sampling = sampling.model_copy(update={"max_tokens": cap})  # type: ignore[attr-defined]
+
+    async def _run_tool(
+        self, name: str, arguments: dict[str, Any], sandbox: Sandbox, metrics: dict[str, Any]
+    ) -> ToolResult:
+        metrics["tool_calls"] += 1
+        tool = self.tools.get(name)
+        if tool is None:
+            metrics["tool_errors"] += 1
+            known = ", ".join(sorted(self.tools))
+            return ToolResult(f"There is no tool named {name!r}. The tools are: {known}.", status="error")
+        t0 = time.perf_counter()
+        try:
+            result = await tool.call(arguments, sandbox)
+        except SandboxDeadError:
+            raise
+        except SandboxError as exc:
+            if not await sandbox.alive():
+                raise SandboxDeadError(str(exc)) from exc
+            result = ToolResult(f"The tool failed: {exc}", status="error")
+        finally:
+            metrics["tools_s"] += time.perf_counter() - t0
+        if result.status == "timeout":
+            metrics["tool_timeouts"] += 1
+        elif result.status == "error":
+            metrics["tool_errors"] += 1
+        return result
+
+    def _finish_trajectory(self, history: list[dict[str, Any]], result: EpisodeResult) -> Any:
+        finish = getattr(self.model, "finish", None)
+        if finish is None or getattr(self.model, "trajectory", None) is None:
+            return None
+        # The model never saw what came after its last turn (e.g. submit's reply).
+        last = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
+        try:
+            traj = finish(history[: last + 1], self.specs)
+        except Exception as exc:  # the episode stands; its token record is what failed
+            log.warning("could not finish the token trajectory: %s", exc)
+            result.metrics["trajectory_error"] = str(exc)
+            return getattr(self.model, "trajectory", None)
+        result.metrics["drift"] = traj.drift
+        return traj
+
+    async def _verify(self, verifier: Verifier, sandbox: Sandbox, result: EpisodeResult) -> None:
+        t0 = time.perf_counter()
+        try:
+            result.reward = await asyncio.wait_for(verifier(sandbox, result), self.config.verifier_timeout_s)
+        except asyncio.CancelledError:
+            result.exit_reason, result.error = ExitReason.CANCELLED, "cancelled during verification"
+        except SandboxDeadError as exc:
+            result.exit_reason, result.error = ExitReason.SANDBOX_DEAD, f"during verification: {exc}"
+        except Exception as exc:
+            log.warning("verifier failed: %r", exc)
+            result.reward = None
+            result.exit_reason = ExitReason.VERIFIER_ERROR
+            result.error = f"verifier: {exc!r}"
+        finally:
+            result.metrics["verifier_s"] = time.perf_counter() - t0
+
+
+class _ModelFailure(Exception):
+    """The model endpoint or engine failed (after its own retries)."""

@@ -1,0 +1,97 @@
+"""How an episode ended and what it earned.
+
+Exactly one `ExitReason` per episode. Its `trainable` flag is the line between "the policy
+did this" (finished, ran out of turns or context, could not follow the format, spent its
+timeout budget: all legitimate training signal, reward included) and "the infrastructure
+failed" (sandbox died, endpoint failed, verifier crashed, cancelled, a bug of ours): those
+episodes carry no reward and must never be trained on as if they scored zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from uniagent.tokens import Trajectory
+
+
+class ExitReason(StrEnum):
+    FINISHED = "finished"
+    MAX_TURNS = "max_turns"
+    CONTEXT_LIMIT = "context_limit"
+    FORMAT_ERRORS = "format_errors"
+    TIMEOUT_BUDGET = "timeout_budget"
+    SANDBOX_DEAD = "sandbox_dead"
+    MODEL_ERROR = "model_error"
+    VERIFIER_ERROR = "verifier_error"
+    CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"
+
+    @property
+    def trainable(self) -> bool:
+        return self in _TRAINABLE
+
+    @property
+    def policy_caused(self) -> bool:
+        """The same set: what the policy caused is what it may learn from."""
+        return self.trainable
+
+
+_TRAINABLE = frozenset(
+    {
+        ExitReason.FINISHED,
+        ExitReason.MAX_TURNS,
+        ExitReason.CONTEXT_LIMIT,
+        ExitReason.FORMAT_ERRORS,
+        ExitReason.TIMEOUT_BUDGET,
+    }
+)
+
+
+@dataclass
+class Reward:
+    """A verifier's verdict. `details` holds its report (test statuses, logs, match scores)."""
+
+    value: float
+    resolved: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EpisodeResult:
+    """Everything an episode produced; the runner stores it, the trainer reads it."""
+
+    messages: list[dict[str, Any]]
+    trajectory: Trajectory | None
+    exit_reason: ExitReason
+    reward: Reward | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    patch: str | None = None
+    answer: str | None = None
+    error: str | None = None
+
+    @property
+    def trainable(self) -> bool:
+        return self.exit_reason.trainable and self.reward is not None
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.reward and self.reward.resolved)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_reason": self.exit_reason.value,
+            "trainable": self.trainable,
+            "reward": None if self.reward is None else self.reward.to_dict(),
+            "resolved": self.resolved,
+            "messages": self.messages,
+            "trajectory": None if self.trajectory is None else self.trajectory.to_dict(),
+            "metrics": self.metrics,
+            "patch": self.patch,
+            "answer": self.answer,
+            "error": self.error,
+        }

@@ -1,0 +1,98 @@
+"""Task families, bundled suites, and turning a `--tasks` argument into Task objects."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from uniagent.errors import ConfigError
+from uniagent.tasks.base import Task
+from uniagent.tasks.loading import load_rows
+
+FAMILIES: dict[str, str] = {
+    "swe": "uniagent.tasks.swe:SweTask",
+    "swe_rebench": "uniagent.tasks.swe_rebench:SweRebenchTask",
+    "r2e_gym": "uniagent.tasks.r2e_gym:R2EGymTask",
+    "search": "uniagent.tasks.search:SearchTask",
+}
+
+BUILTIN = Path(__file__).parent / "builtin"
+SUITES: dict[str, dict[str, Any]] = {
+    "starter": {
+        "file": BUILTIN / "starter" / "tasks.jsonl",
+        "family": "swe",
+        "description": "small Python packages with real bugs; hidden tests fail before the fix",
+    },
+    "search": {
+        "file": BUILTIN / "search_qa" / "questions.jsonl",
+        "family": "search",
+        "defaults": {"corpus": "corpus.jsonl"},
+        "description": "questions about an invented archipelago, answered by searching its corpus",
+    },
+}
+
+
+def family_class(name: str) -> type[Task]:
+    target = FAMILIES.get(name)
+    if target is None:
+        raise ConfigError(f"unknown task family {name!r}; known: {', '.join(FAMILIES)}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def detect_family(row: dict[str, Any]) -> str:
+    """The family a row belongs to, from its own `family` field or the fields it has."""
+    if row.get("family"):
+        return str(row["family"])
+    if "install_config" in row:
+        return "swe_rebench"
+    if "expected_output_json" in row or "parsed_commit_content" in row or "docker_image" in row:
+        return "r2e_gym"
+    if "FAIL_TO_PASS" in row or "patch" in row:
+        return "swe"
+    if "question" in row:
+        return "search"
+    raise ConfigError(f"cannot tell the task family of a row with fields {sorted(row)[:12]}; add `family`")
+
+
+def resolve_suite(spec: str) -> tuple[Path, str | None, dict[str, Any]]:
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        suite = SUITES.get(name)
+        if suite is None:
+            raise ConfigError(
+                f"unknown bundled suite {spec!r}; bundled: {', '.join('builtin:' + s for s in SUITES)}"
+            )
+        return Path(suite["file"]), suite.get("family"), dict(suite.get("defaults", {}))
+    return Path(spec), None, {}
+
+
+def load_tasks(
+    spec: str, family: str | None = None, limit: int | None = None, ids: list[str] | None = None
+) -> list[Task]:
+    """`builtin:starter`, or a task file; `family` overrides detection."""
+    path, suite_family, defaults = resolve_suite(spec)
+    rows = load_rows(path)
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        row = {**defaults, **row}
+        fam = family or suite_family or detect_family(row)
+        try:
+            task = family_class(fam).from_row(row, source=str(path))
+        except ConfigError as exc:
+            raise ConfigError(f"{path} row {i}: {exc}") from None
+        if not task.instance_id:
+            raise ConfigError(f"{path} row {i}: no instance_id (or id)")
+        if task.instance_id in seen:
+            raise ConfigError(f"{path}: duplicate instance_id {task.instance_id!r}")
+        seen.add(task.instance_id)
+        if ids and task.instance_id not in ids:
+            continue
+        tasks.append(task)
+    if ids:
+        missing = sorted(set(ids) - {t.instance_id for t in tasks})
+        if missing:
+            raise ConfigError(f"{path}: no task with id {', '.join(missing)}")
+    return tasks[:limit] if limit else tasks

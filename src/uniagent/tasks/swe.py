@@ -1,0 +1,244 @@
+"""SWE-bench-style tasks: fix a repository so that the hidden tests pass.
+
+Grading never trusts the workspace as the agent left it. The agent's work is taken as a
+patch against the base commit, the repository is reset, the patch is re-applied without
+its changes to test files and test configuration (conftest.py, pytest.ini, ...), the task's
+test patch is applied, the tests run, and the log is graded with the `swebench` package's
+own parser and grading functions. Editing the tests cannot turn a wrong fix into a pass.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from uniagent.agent.result import EpisodeResult, Reward
+from uniagent.errors import ConfigError, SandboxError
+from uniagent.sandbox.base import Sandbox
+from uniagent.tasks import repo
+from uniagent.tasks.base import SYSTEM_PROMPT, Task
+from uniagent.tasks.loading import json_list
+from uniagent.tools.submit import workspace_patch
+
+PROTECTED_NAMES = {
+    "conftest.py",
+    "pytest.ini",
+    "sitecustomize.py",
+    "usercustomize.py",
+    "tox.ini",
+    "noxfile.py",
+}
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.M)
+LOG_LIMIT = 4_000_000
+
+USER_PROMPT = """<issue>
+{problem}
+</issue>
+
+The repository is in {workdir}, your working directory. Fix the issue by changing the
+source code (not the tests: they are replaced when your work is graded). You can run
+commands with `bash` and edit files with `str_replace_editor`.{test_hint}
+When the fix is done, call `submit`."""
+
+
+class PatchApplyError(SandboxError):
+    """A prediction's patch does not apply to the task's base commit."""
+
+
+def patch_files(patch: str) -> list[str]:
+    return [m.group(2) for m in _DIFF_HEADER.finditer(patch or "")]
+
+
+def split_patch(patch: str) -> list[tuple[str, str]]:
+    """(path, chunk) per file of a git diff."""
+    starts = [m.start() for m in _DIFF_HEADER.finditer(patch)]
+    if not starts:
+        return []
+    chunks = [patch[a:b] for a, b in zip(starts, [*starts[1:], len(patch)], strict=True)]
+    return [(patch_files(c)[0], c) for c in chunks]
+
+
+def is_test_path(path: str, extra: set[str]) -> bool:
+    if path in extra:
+        return True
+    name = posixpath.basename(path)
+    parts = path.split("/")[:-1]
+    return (
+        name in PROTECTED_NAMES
+        or name.startswith("test_")
+        or name.endswith("_test.py")
+        or any(p in ("tests", "test", "testing") for p in parts)
+    )
+
+
+def strip_test_changes(patch: str, test_patch: str) -> tuple[str, list[str]]:
+    """The agent's patch without changes to test files; also which files were dropped."""
+    protected = set(patch_files(test_patch))
+    kept, dropped = [], []
+    for path, chunk in split_patch(patch):
+        (dropped if is_test_path(path, protected) else kept).append((path, chunk))
+    return "".join(c for _, c in kept), [p for p, _ in dropped]
+
+
+def parser_name(name: str | None) -> str:
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    name = name or "pytest"
+    for candidate in (name, f"parse_log_{name}"):
+        if candidate in PARSER_REGISTRY:
+            return candidate
+    known = ", ".join(sorted(k.removeprefix("parse_log_") for k in PARSER_REGISTRY)[:20])
+    raise ConfigError(f"log_parser {name!r} is not in the swebench parser registry (some: {known}, ...)")
+
+
+class SweTask(Task):
+    family = "swe"
+
+    def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
+        super().__init__(row, source)
+        missing = [k for k in ("instance_id", "problem_statement") if not row.get(k)]
+        if missing:
+            raise ConfigError(f"swe task row is missing {', '.join(missing)}")
+        if not row.get("image") and not row.get("repo_dir"):
+            raise ConfigError(f"{self.instance_id}: a swe row needs `image` or `repo_dir` (its environment)")
+        self.fail_to_pass = json_list(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS")
+        self.pass_to_pass = json_list(row.get("PASS_TO_PASS"), "PASS_TO_PASS")
+        self.test_patch: str = row.get("test_patch") or ""
+        self.gold_patch: str = row.get("patch") or ""
+        self.log_parser = parser_name(row.get("log_parser"))
+        self.test_cmd: str | None = row.get("test_cmd")
+        self.eval_script: str | None = row.get("eval_script")
+        if not self.test_cmd and not self.eval_script:
+            raise ConfigError(
+                f"{self.instance_id}: a swe row needs `test_cmd` (or SWE-bench's `eval_script`)"
+            )
+        self.base: str | None = None
+        self.show_test_cmd = bool(row.get("show_test_cmd", False))
+
+    # -- environment ---------------------------------------------------------------------
+    def sandbox_config(self, base: dict[str, Any] | None) -> dict[str, Any]:
+        cfg = dict(base or {"type": "local"})
+        image = self.row.get("image")
+        if image:
+            if cfg.get("type", "local") in ("local", "host"):
+                cfg = {"type": "container"}
+            cfg.setdefault("image", image)
+            cfg.setdefault("workdir", self.row.get("workdir", "/testbed"))
+        return cfg
+
+    def repo_path(self) -> Path | None:
+        rd = self.row.get("repo_dir")
+        if not rd:
+            return None
+        p = Path(rd)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).parent / p
+        if not p.exists():
+            raise ConfigError(f"{self.instance_id}: repo_dir {p} does not exist")
+        return p
+
+    async def setup(self, sandbox: Sandbox) -> None:
+        src = self.repo_path()
+        if src is not None:
+            await repo.copy_repo(sandbox, src)
+        self.base = await repo.prepare_base(sandbox, self.row.get("base_commit") if src is None else None)
+
+    # -- the agent's view ----------------------------------------------------------------
+    def messages(self) -> list[dict[str, Any]]:
+        hint = ""
+        if self.show_test_cmd and self.test_cmd:
+            hint = f"\nThe project's tests run with: {self.test_cmd}"
+        text = USER_PROMPT.format(
+            problem=self.row["problem_statement"].strip(), workdir="the current directory", test_hint=hint
+        )
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+
+    def tools(self) -> list[str | dict[str, Any]]:
+        return ["bash", "str_replace_editor", {"name": "submit", "base_ref": self.base or "HEAD"}]
+
+    # -- grading -------------------------------------------------------------------------
+    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
+        assert self.base is not None, "setup() runs before score()"
+        patch = await workspace_patch(sandbox, self.base, sandbox.workdir)
+        result.patch = patch
+        return await self.grade_patch(sandbox, patch)
+
+    async def grade_patch(self, sandbox: Sandbox, patch: str) -> Reward:
+        """Reset to base, apply `patch` without its test changes, run the tests, grade."""
+        if self.base is None:
+            raise SandboxError("grade_patch() needs setup() first")
+        agent_patch, dropped = strip_test_changes(patch, self.test_patch)
+        await repo.reset_to_base(sandbox, self.base)
+        ok, out = await repo.apply_patch(sandbox, agent_patch, "model")
+        if not ok:
+            raise PatchApplyError(f"the patch does not apply to the base commit: {out.strip()[-800:]}")
+        log = await self._run_tests(sandbox)
+        return self._grade(log, dropped, patch)
+
+    async def _run_tests(self, sandbox: Sandbox) -> str:
+        from swebench.harness.constants import (
+            END_TEST_OUTPUT,
+            START_TEST_OUTPUT,
+            TEST_EXIT_CODE,
+            TESTS_TIMEOUT,
+        )
+
+        if self.eval_script:
+            await sandbox.write_file("/tmp/.uniagent_eval.sh", self.eval_script)
+            res = await sandbox.exec(
+                "bash /tmp/.uniagent_eval.sh", timeout=1800, session="_verify", max_output=LOG_LIMIT
+            )
+            return (
+                res.output + f"\n{TEST_EXIT_CODE}: {res.exit_code}\n"
+                if TEST_EXIT_CODE not in res.output
+                else res.output
+            )
+        ok, out = await repo.apply_patch(sandbox, self.test_patch, "tests")
+        if not ok:
+            raise SandboxError(f"the task's own test patch does not apply: {out.strip()[-800:]}")
+        res = await sandbox.exec(
+            self.test_cmd or "", timeout=1800, cwd=sandbox.workdir, session="_verify", max_output=LOG_LIMIT
+        )
+        if res.timed_out:
+            return f"{START_TEST_OUTPUT}\n{res.output}\n{TESTS_TIMEOUT}\n"
+        return f"{START_TEST_OUTPUT}\n{res.output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {res.exit_code}\n"
+
+    def _grade(self, log: str, dropped: list[str], patch: str) -> Reward:
+        from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+        from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
+        from swebench.types import TestSpec
+
+        spec = TestSpec(
+            instance_id=self.instance_id,
+            image=str(self.row.get("image") or ""),
+            eval_script_list=[],
+            repo=str(self.row.get("repo") or ""),
+            version=str(self.row.get("version") or ""),
+            FAIL_TO_PASS=self.fail_to_pass,
+            PASS_TO_PASS=self.pass_to_pass,
+            log_parser=self.log_parser,
+            eval_type=str(self.row.get("eval_type") or "pass_and_fail"),
+        )
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=True) as fh:
+            fh.write(log)
+            fh.flush()
+            status_map, ran = get_logs_eval(spec, fh.name)
+        details: dict[str, Any] = {
+            "tests_ran": ran,
+            "ignored_test_changes": dropped,
+            "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
+            "log_tail": log[-4000:],
+        }
+        if not ran:
+            details["resolution"] = ResolvedStatus.NO.value
+            return Reward(0.0, False, details)
+        report = get_eval_tests_report(
+            status_map, {FAIL_TO_PASS: self.fail_to_pass, PASS_TO_PASS: self.pass_to_pass}
+        )
+        resolution = get_resolution_status(report)
+        details.update({"status_map": status_map, "report": report, "resolution": resolution})
+        resolved = resolution == ResolvedStatus.FULL.value
+        return Reward(1.0 if resolved else 0.0, resolved, details)
