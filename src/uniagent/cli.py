@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -70,6 +71,91 @@ def demo(
             text.append(piece, style="bold green" if mask else "dim")
         console.print("response tokens ([bold green]model, mask 1[/], [dim]context, mask 0[/]):")
         console.print(text)
+
+
+tasks_app = typer.Typer(help="Describe task suites and files.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("list")
+def tasks_list() -> None:
+    """List the bundled suites (use them as `--tasks builtin:NAME`)."""
+    from uniagent.tasks.loading import load_rows
+    from uniagent.tasks.registry import SUITES
+
+    table = Table(title="bundled task suites")
+    for col in ("suite", "family", "tasks", "description"):
+        table.add_column(col)
+    for name, suite in SUITES.items():
+        n = len(load_rows(suite["file"])) if suite["file"].exists() else 0
+        table.add_row(f"builtin:{name}", suite["family"], str(n), suite["description"])
+    console.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(
+    suite: str = typer.Argument(..., help="builtin:NAME or a task file"),
+    instance: str | None = typer.Argument(None, help="one instance id: show its full row"),
+) -> None:
+    """List a suite's tasks, or show one task."""
+    from uniagent.tasks import load_tasks
+
+    tasks = load_tasks(suite, ids=[instance] if instance else None)
+    if instance:
+        row = tasks[0].row
+        for key, value in row.items():
+            text = value if isinstance(value, str) else repr(value)
+            console.print(f"[bold cyan]{key}[/]:\n{text}\n")
+        return
+    table = Table(title=f"{suite}: {len(tasks)} tasks")
+    for col in ("instance_id", "family", "summary"):
+        table.add_column(col)
+    for t in tasks:
+        text = str(t.row.get("problem_statement") or t.row.get("question") or "")
+        table.add_row(t.instance_id, t.family, " ".join(text.split())[:90])
+    console.print(table)
+
+
+@app.command()
+def verify(
+    tasks: str = typer.Option(..., "--tasks", help="builtin:starter or a task file (JSONL, JSON, parquet)"),
+    predictions: Path | None = typer.Option(
+        None, help="SWE-bench predictions JSONL (instance_id, model_patch)"
+    ),
+    output: Path = typer.Option(Path("verify_out"), help="where report.json goes"),
+    gold: bool = typer.Option(False, "--gold", help="grade the rows' own gold patches"),
+    concurrency: int = typer.Option(4, min=1, help="sandboxes at once"),
+    sandbox: str = typer.Option("local", help="sandbox type for rows without an image"),
+) -> None:
+    """Grade predictions in sandboxes and write DIR/report.json."""
+    from rich.progress import Progress
+
+    from uniagent.tasks import load_tasks
+    from uniagent.tasks.swe import SweTask
+    from uniagent.tasks.verify import load_predictions
+    from uniagent.tasks.verify import verify as run_verify
+
+    if gold == (predictions is not None):
+        raise UniAgentError("give either --predictions FILE or --gold")
+    loaded = load_tasks(tasks)
+    swe = [t for t in loaded if isinstance(t, SweTask)]
+    if not swe:
+        raise UniAgentError(f"{tasks} has no SWE-style tasks to verify")
+    preds = load_predictions(predictions) if predictions is not None else None
+    total = len(preds) if preds is not None else len(swe)
+    with Progress(console=console, transient=True) as bar:
+        job = bar.add_task("grading", total=total)
+        report = asyncio.run(
+            run_verify(swe, preds, output, concurrency, {"type": sandbox}, lambda r: bar.advance(job))
+        )
+    table = Table(title=f"verify: {tasks}")
+    for key in ("submitted_instances", "resolved_instances", "unresolved_instances", "error_instances"):
+        table.add_row(key, str(report[key]))
+    table.add_row("seconds", str(report["seconds"]))
+    console.print(table)
+    for iid in report["error_ids"]:
+        console.print(f"[yellow]error[/] {iid}: {report['instances'][iid].get('error', '')[:200]}")
+    console.print(f"report: {output / 'report.json'}")
 
 
 def main() -> None:
