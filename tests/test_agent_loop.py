@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import call, make_swe_task_file, scripted_model
+from test_openai_chat import SECRET, endpoint, server  # noqa: F401 - fixtures: a stand-in endpoint
+from test_openai_chat import model as oa_model
 from uniagent.agent import AgentConfig, ExitReason, Reward
 from uniagent.tasks import load_tasks, run_episode
 from uniagent.tasks.swe import SweTask
@@ -126,3 +128,14 @@ async def test_unknown_tool_and_bad_arguments_become_observations(task: SweTask,
     assert "rm_rf" in replies[0] and "bash" in replies[0], "the reply names the real tools"
     assert "command" in replies[1] and "command" in replies[2]
     assert res.metrics["format_errors"] + res.metrics["tool_errors"] >= 3
+
+
+async def test_endpoint_errors_end_in_model_error_after_retries(task: SweTask, endpoint) -> None:  # noqa: F811
+    base_url, script = endpoint
+    script.failures = [500] * 10
+    model = oa_model(base_url, max_retries=2)
+    res = await run_episode(task, model)
+    assert res.exit_reason == ExitReason.MODEL_ERROR
+    assert not res.trainable and res.reward is None
+    assert len(script.seen) == 3, "one try and two retries"
+    assert SECRET not in (res.error or "")
