@@ -131,6 +131,14 @@ async def test_config_env_and_pager(server: Server) -> None:
         assert r.output == "v w\ncat\n/tmp\n"
 
 
+async def test_workdir_is_created_and_used(server: Server, tmp_path: Path) -> None:
+    wd = tmp_path / "new" / "wd"
+    async with create(remote_config(server, workdir=str(wd))) as sb:
+        assert (await sb.exec("pwd")).output == f"{wd}\n"
+        await sb.write_file("rel.txt", "r")
+        assert (wd / "rel.txt").read_text() == "r"
+
+
 async def test_timeout_interrupts_and_session_survives(box: SweRexSandbox) -> None:
     await box.exec("cd /tmp && export KEEP=1")
     t0 = time.perf_counter()
@@ -281,7 +289,21 @@ async def test_started_mode_in_host_sandbox(tmp_path: Path, caplog: pytest.LogCa
         for text in (repr(sb), str(sb), repr(sb.config), sb.config.model_dump_json()):
             assert token not in text
     assert not _alive(port, token), "the server must die with the sandbox"
+    assert _processes_in(ws) == [], "the server and its shells must die with the sandbox"
     assert token not in caplog.text
+
+
+def _processes_in(cwd: Path) -> list[int]:
+    """Processes whose working directory is `cwd` (the server and the shells it started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd") == str(cwd):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 async def test_token_from_config_never_leaks(server: Server, caplog: pytest.LogCaptureFixture) -> None:

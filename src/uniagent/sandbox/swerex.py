@@ -28,8 +28,8 @@ the agent's shells inherit).
 
 In "started" mode the server runs inside another uniagent backend (`inner`, default a
 `local` sandbox with network so that its loopback is this machine's), launched from a
-dedicated session of that sandbox so that timeouts in other sessions never touch it; it
-dies with the inner sandbox.
+dedicated session of that sandbox so that timeouts in other sessions never touch it. On
+stop, the server's process tree is killed before the inner sandbox is stopped.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import io
 import logging
 import re
 import secrets
+import signal
 import socket
 import sys
 import tarfile
@@ -66,7 +67,7 @@ from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, Sandbox
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import SweRexConfig
 from uniagent.sandbox.output import clip_text
-from uniagent.sandbox.procs import quote
+from uniagent.sandbox.procs import quote, tree_signal_script
 from uniagent.sandbox.shell import ExecResult, wrap_cwd_env
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,9 @@ class SweRexSession:
             f"creating session {self.name!r}",
         )
         self._open = True
-        setup = f"{_SESSION_SETUP}\n{box._preamble()}"
+        # The workdir may not exist on a server uniagent did not set up; relative paths of the
+        # file methods resolve against it too, so create it rather than run elsewhere.
+        setup = f"{_SESSION_SETUP}\nmkdir -p -- {quote(box.workdir)} 2>/dev/null\n{box._preamble()}"
         if self.cwd:
             setup += f"\ncd -- {quote(self.cwd)} 2>/dev/null || true"
         res = await self._run_once(setup, box.config.start_timeout_s, None)
@@ -564,7 +567,18 @@ class SweRexSandbox(Sandbox):
         self._client = None
         self._inner = None
         if inner is not None:
-            await inner.stop()  # takes the server and its shells with it
+            if self._server_pid:
+                # Kill the server and its shells first: not every backend's stop reaches processes
+                # that were started in the background of one of its sessions.
+                pid = int(self._server_pid)
+                with contextlib.suppress(Exception):
+                    await inner.exec(
+                        f"{tree_signal_script(pid, signal.SIGKILL)}; kill -9 {pid} 2>/dev/null; true",
+                        timeout=15,
+                        session=SERVER_SESSION,
+                    )
+                self._server_pid = None
+            await inner.stop()
 
     async def _alive(self) -> bool:
         if self._client is None:
