@@ -206,6 +206,14 @@ def _podman() -> Iterator[Runtime]:
                 res = info("vfs")  # no overlay support (e.g. inside another container)
             if res.returncode != 0:
                 pytest.skip(f"podman cannot run here: {res.stderr.strip()[-1500:]}")
+            root = subprocess.run(
+                ["podman", "info", "--format", "{{.Store.GraphRoot}}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if root != f"{home}/g":  # the cleanup below must never reach the machine's own storage
+                pytest.skip(f"podman ignored CONTAINERS_STORAGE_CONF (storage at {root!r})")
             yield Runtime("podman", "podman")
             subprocess.run(["podman", "rm", "-a", "-f", "-t", "0"], capture_output=True, check=False)
             subprocess.run(["podman", "rmi", "-a", "-f"], capture_output=True, check=False)
@@ -414,10 +422,50 @@ async def test_missing_image_is_a_typed_start_error(runtime: Runtime) -> None:
     assert not await sb.alive()
 
 
-async def test_missing_cli_is_a_typed_start_error() -> None:
-    sb = create({"type": "container", "image": "x", "executable": "/nonexistent/docker"})
+@pytest.mark.parametrize("runtime_name", ["docker", "podman", "apptainer"])
+async def test_missing_cli_is_a_typed_start_error(runtime_name: str) -> None:
+    sb = create(
+        {"type": "container", "runtime": runtime_name, "image": "x", "executable": "/nonexistent/cli"}
+    )
     with pytest.raises(SandboxStartError, match="not found"):
         await sb.start()
+
+
+async def test_apptainer_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The apptainer CLI calls as built, recorded instead of run: apptainer cannot be
+    installed on the test machine (see test_apptainer_instance for the real run)."""
+    calls: list[tuple[str, ...]] = []
+
+    async def fake_cli(self: ContainerSandbox, *args: str, **kw: object) -> container_mod.CliResult:
+        calls.append(args)
+        return container_mod.CliResult(0, b'{"instances": []}', "")
+
+    monkeypatch.setattr(ContainerSandbox, "_cli", fake_cli)
+    cfg = ContainerConfig(
+        runtime="apptainer", image="python:3.11", env={"A": "1"}, limits={"memory_mb": 512, "cpus": 1.5}
+    )
+    sb = ContainerSandbox(cfg)
+    assert sb._apptainer_image() == "docker://python:3.11"
+    sb._image_ref = sb._apptainer_image()
+    await sb._start_apptainer()
+    start = calls[-1]
+    assert start[:2] == ("instance", "start") and start[-2:] == ("docker://python:3.11", sb.name)
+    assert "--containall" in start and start[start.index("--network") + 1] == "none"
+    assert start[start.index("--memory") + 1] == "512M" and start[start.index("--pids-limit") + 1] == "512"
+    assert start[start.index("--cpus") + 1] == "1.5" and "--env=A=1" in start
+    workspace = start[start.index("--bind") + 1].split(":")[0]
+    assert Path(workspace).is_dir()
+    assert "ulimit -n 1024" in sb._preamble() and "ulimit -f 1048576" in sb._preamble()
+    assert not await sb._alive()  # an empty instance list
+    await sb._stop_apptainer()
+    assert calls[-1] == ("instance", "stop", "--force", sb.name)
+    assert not Path(workspace).exists()
+
+    local = ContainerSandbox(ContainerConfig(runtime="apptainer", image=str(tmp_path), pull="never"))
+    assert local._apptainer_image() == str(tmp_path.resolve())
+    remote = ContainerSandbox(ContainerConfig(runtime="apptainer", image="docker://x:1", pull="never"))
+    with pytest.raises(SandboxStartError, match="pull is 'never'"):
+        remote._apptainer_image()
 
 
 async def test_wall_clock_limit_stops_the_container(runtime: Runtime) -> None:
