@@ -158,6 +158,61 @@ def verify(
     console.print(f"report: {output / 'report.json'}")
 
 
+@app.command()
+def run(
+    tasks: str | None = typer.Option(None, help="builtin:starter, builtin:search or a task file"),
+    model: str | None = typer.Option(None, help="local | local:PATH | openai:URL | replay:FILE"),
+    sandbox: str | None = typer.Option(
+        None, help="local (default, isolated) | container | swerex | modal | host"
+    ),
+    concurrency: int | None = typer.Option(None, min=1, help="episodes at once"),
+    samples: int | None = typer.Option(None, min=1, help="episodes per task"),
+    max_turns: int | None = typer.Option(None, min=1, help="model turns per episode"),
+    limit: int | None = typer.Option(None, min=1, help="run only the first N tasks"),
+    output: Path | None = typer.Option(None, help="run directory (store, exports)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --output"),
+    backend: str | None = typer.Option(None, help="local | ray"),
+    ray_address: str | None = typer.Option(None, help="Ray cluster address (backend ray)"),
+    config: Path | None = typer.Option(None, "--config", help="a YAML run config"),
+    set_: list[str] = typer.Option([], "--set", help="dotted override, e.g. model.temperature=0.7"),
+) -> None:
+    """Run episodes concurrently, store each as it ends, and export the results."""
+    from uniagent.runner import build_config
+    from uniagent.runner.live import run_with_progress
+
+    flags = {
+        "tasks.spec": tasks,
+        "model.spec": model,
+        "sandbox.type": sandbox,
+        "runner.concurrency": concurrency,
+        "runner.samples": samples,
+        "agent.max_turns": max_turns,
+        "tasks.limit": limit,
+        "runner.output": str(output) if output else None,
+        "runner.resume": True if resume else None,
+        "runner.backend": backend,
+        "runner.ray_address": ray_address,
+    }
+    cfg = build_config(config, set_, flags)
+    run_with_progress(cfg, console)
+
+
+@app.command()
+def doctor() -> None:
+    """Report which engines and sandbox backends work on this machine, and why not."""
+    from uniagent.doctor import run_checks
+
+    table = Table(title="uniagent doctor")
+    for col in ("component", "status", "detail"):
+        table.add_column(col)
+    ok_all = True
+    for name, ok, detail in asyncio.run(run_checks()):
+        ok_all &= ok or ok is None
+        status = "[green]ok[/]" if ok else ("[yellow]n/a[/]" if ok is None else "[red]no[/]")
+        table.add_row(name, status, detail)
+    console.print(table)
+
+
 def main() -> None:
     """Entry point: user mistakes print one clear line and exit 2, without a traceback."""
     try:

@@ -66,8 +66,12 @@ class Sandbox(ABC):
         await asyncio.wait_for(proc.communicate(), 10)
 
     async def _kill_shell(self, session: ShellSession) -> None:
-        """Kill the session's shell when it is not the launched process itself (default: it is)."""
-        return None
+        """Kill a stuck session's shell inside the sandbox: killing the local launcher
+        (`docker exec`, ...) does not stop the process it started on the other side."""
+        if session.shell_pid is None:
+            return
+        proc = await self._spawn(["sh", "-c", f"kill -9 {int(session.shell_pid)} 2>/dev/null; true"])
+        await asyncio.wait_for(proc.communicate(), 10)
 
     def _preamble(self) -> str:
         """Shell lines run when a session starts: PATH, env, cwd."""
@@ -200,6 +204,9 @@ class Sandbox(ABC):
             if not await self._alive():
                 raise SandboxDeadError(f"the {self.kind} sandbox died") from None
             raise
+        if not sess.alive() and not await self._alive():
+            # The shell ended because the whole sandbox went away, not because of `exit`.
+            raise SandboxDeadError(f"the {self.kind} sandbox died while running a command")
         return result
 
     async def _checked(self, command: str, what: str, timeout: float = 300) -> str:

@@ -88,7 +88,7 @@ class SweRexConfig(_Common):
     type: Literal["swerex"] = "swerex"
     url: str | None = Field(None, description="a running swerex-remote server; unset: start one")
     port: int | None = None
-    auth_token: str | None = Field(None, description="secret: never logged or stored")
+    auth_token: str | None = Field(None, repr=False, description="secret: never logged or stored")
     inner: dict[str, Any] | None = Field(
         None, description="the backend to start the server in when `url` is unset (default: local)"
     )

@@ -48,6 +48,9 @@ class HostSandbox(Sandbox):
             start_new_session=True,
         )
 
+    async def _kill_shell(self, session: ShellSession) -> None:
+        return None  # the launched process is the shell itself
+
     async def _signal_tree(self, session: ShellSession, sig: int) -> None:
         if session.proc is None:
             return

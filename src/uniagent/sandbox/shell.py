@@ -35,7 +35,12 @@ READ_CHUNK = 1 << 16
 
 @dataclass
 class ExecResult:
-    """One command's outcome. `exit_code` is None when the command did not finish by itself."""
+    """One command's outcome.
+
+    `exit_code` is None when no exit status came back (the shell died or was restarted). After
+    a timeout it is the status the shell reported once the command was interrupted (usually
+    130), and `timed_out` is set: either way `ok` is False.
+    """
 
     exit_code: int | None
     output: str
@@ -245,9 +250,9 @@ class ShellSession:
         if tree:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._signal_tree(self, signal.SIGKILL), 5)
-        if self._kill_shell is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._kill_shell(self), 5)
+            if self._kill_shell is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._kill_shell(self), 5)
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -265,11 +270,10 @@ class ShellSession:
     async def close(self, kill_tree: bool = True) -> None:
         """End the session. `kill_tree=False` when the whole sandbox is torn down anyway."""
         self._closed = True
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.stdin and not proc.stdin.is_closing():
-            proc.stdin.close()
+        # Kill first: closing stdin first would let bash exit at EOF and orphan its children
+        # before the tree is walked.
         await self._kill_proc(tree=kill_tree)
 
 

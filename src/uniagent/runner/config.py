@@ -1,0 +1,123 @@
+"""One YAML config for a run, plus dotted overrides (`--set model.temperature=0.7`).
+
+Every section is a pydantic model with `extra="forbid"`, so a misspelt key is an error that
+names it, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from uniagent.agent.config import AgentConfig
+from uniagent.errors import ConfigError
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field("local", description="local | local:PATH | openai:URL | replay:FILE")
+    name: str | None = Field(None, description="model name sent to an OpenAI-compatible endpoint")
+    parser: str = Field("hermes", description="tool-call format the model writes")
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(512, ge=1, description="tokens per model turn")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    tokenizer: str | None = Field(
+        None, description="replay: the tokenizer's model (default: packaged SmolLM2)"
+    )
+    max_batch_size: int = Field(16, ge=1, description="local engine: rows decoded together")
+    device: str = "cpu"
+    max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
+    timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
+
+
+class TasksConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field("builtin:starter", description="builtin:NAME or a task file")
+    family: str | None = None
+    limit: int | None = Field(None, ge=1)
+    ids: list[str] | None = None
+
+
+class RunnerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    output: Path = Path("runs/latest")
+    concurrency: int = Field(4, ge=1, description="episodes at once")
+    samples: int = Field(1, ge=1, description="episodes per task")
+    sandbox_start_concurrency: int = Field(4, ge=1, description="sandbox starts at once")
+    backend: Literal["local", "ray"] = "local"
+    ray_address: str | None = Field(None, description="ray cluster address; unset: start a local one")
+    resume: bool = False
+    retry_failed: bool = Field(
+        True, description="on resume, rerun pairs that ended in an infrastructure failure"
+    )
+    seed: int = 0
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+
+
+def set_dotted(data: dict[str, Any], key: str, raw: str) -> None:
+    """`a.b.c=value`, the value parsed as YAML (numbers, booleans, lists work)."""
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {key}: empty key segment")
+    node = data
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+        node = nxt
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = raw
+
+
+def build_config(
+    path: Path | None = None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
+) -> RunConfig:
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not Path(path).exists():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping")
+    for key, value in (flags or {}).items():
+        if value is not None:
+            set_dotted(data, key, value if isinstance(value, str) else yaml.safe_dump(value).strip())
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        set_dotted(data, key.strip(), value)
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"config {where}: {err['msg']}") from None
+    from uniagent.sandbox import parse_config
+
+    try:
+        parse_config(cfg.sandbox)
+    except ConfigError as exc:
+        raise ConfigError(f"config {exc}") from None
+    return cfg

@@ -1,0 +1,96 @@
+"""Model specs -> one ChatModel per episode, sharing whatever is expensive (weights, clients).
+
+`local` / `local:PATH`: one LocalEngine for the whole run (iteration-level batching across
+episodes), a TokenChatModel per episode. `openai:URL`: OpenAIChatModel (text level, not
+trainable). `replay:FILE`: recorded generations, token level (tests, debugging).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from typing import Any
+
+from uniagent.errors import ConfigError
+from uniagent.models.base import ChatModel, SamplingParams
+from uniagent.runner.config import ModelConfig
+
+
+def episode_seed(seed: int, instance_id: str, sample: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{instance_id}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class ModelFactory:
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        kind, _, arg = config.spec.partition(":")
+        if kind not in ("local", "openai", "replay"):
+            raise ConfigError(f"model.spec {config.spec!r}: use local, local:PATH, openai:URL or replay:FILE")
+        if kind in ("openai", "replay") and not arg:
+            raise ConfigError(f"model.spec {config.spec!r} needs a value after the colon")
+        self.kind, self.arg = kind, arg
+        self.engine: Any = None
+        self.codec: Any = None
+
+    @property
+    def trainable(self) -> bool:
+        return self.kind != "openai"
+
+    async def start(self) -> None:
+        from uniagent.models.loading import load_tokenizer, resolve_model
+        from uniagent.tokens import ChatCodec
+
+        if self.kind == "openai":
+            from uniagent.models.openai_chat import OpenAIChatModel  # noqa: F401 - fail early if missing
+
+            return
+        tok_spec = self.arg or None if self.kind == "local" else self.config.tokenizer
+        self.codec = ChatCodec(load_tokenizer(resolve_model(tok_spec)))
+        if self.kind == "local":
+            from uniagent.models.local import LocalEngine
+
+            self.engine = await LocalEngine.create(
+                self.arg or None, max_batch_size=self.config.max_batch_size, device=self.config.device
+            )
+        else:
+            from uniagent.models.replay import ReplayEngine
+
+            if not os.path.exists(self.arg):
+                raise ConfigError(f"model.spec: replay file {self.arg} does not exist")
+            self.engine = ReplayEngine.from_jsonl(self.arg, match="prompt", strict=False)
+
+    def new_model(self, instance_id: str, sample: int, seed: int) -> ChatModel:
+        from uniagent.parsers import get_parser
+
+        cfg = self.config
+        parser = get_parser(cfg.parser)
+        if self.kind == "openai":
+            from uniagent.models.openai_chat import OpenAIChatModel
+
+            return OpenAIChatModel(
+                cfg.name or "default",
+                base_url=self.arg,
+                api_key=os.environ.get(cfg.api_key_env) or "none",
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_tokens=cfg.max_tokens,
+                timeout=cfg.timeout_s,
+                max_retries=cfg.max_retries,
+                parser=parser,
+            )
+        from uniagent.models.token_chat import TokenChatModel
+
+        sampling = SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            seed=episode_seed(seed, instance_id, sample),
+        )
+        rid = f"{instance_id}#{sample}#{uuid.uuid4().hex[:8]}"
+        return TokenChatModel(self.engine, self.codec, parser, sampling, request_id=rid)
+
+    async def close(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "aclose"):
+            await self.engine.aclose()

@@ -1,0 +1,88 @@
+"""The same run spread over a Ray cluster: episodes execute in Ray actors, results come back
+to the driver, which stores them exactly as the local backend does.
+
+Each actor builds its own model factory once (one engine per actor) and runs several
+episodes concurrently on its own event loop. Task rows travel as plain dicts; a row's
+`repo_dir` must be readable on the workers (a shared filesystem on multi-node clusters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from uniagent.runner.config import RunConfig
+from uniagent.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+
+class EpisodeActor:
+    """Runs episodes for the driver. Wrapped with `ray.remote` at run time."""
+
+    def __init__(self, config_json: dict[str, Any]) -> None:
+        self.config = RunConfig.model_validate(config_json)
+        self.factory: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _ensure(self) -> Any:
+        async with self._lock:
+            if self.factory is None:
+                from uniagent.runner.models import ModelFactory
+                from uniagent.sandbox.base import Sandbox
+
+                Sandbox.set_start_concurrency(self.config.runner.sandbox_start_concurrency)
+                self.factory = ModelFactory(self.config.model)
+                await self.factory.start()
+        return self.factory
+
+    async def run(self, family: str, row: dict[str, Any], source: str | None, sample: int) -> dict[str, Any]:
+        from uniagent.tasks.episode import run_episode
+        from uniagent.tasks.registry import family_class
+
+        factory = await self._ensure()
+        task = family_class(family).from_row(row, source)
+        model = factory.new_model(task.instance_id, sample, self.config.runner.seed)
+        result = await run_episode(task, model, self.config.agent, self.config.sandbox)
+        out = result.to_dict()
+        if not factory.trainable:
+            out["trainable"] = False
+        return out
+
+    def ping(self) -> str:
+        return "ok"
+
+
+async def run_on_ray(
+    config: RunConfig,
+    todo: list[tuple[Task, int]],
+    on_result: Callable[[str, int, dict[str, Any]], None],
+) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        if config.runner.ray_address:
+            ray.init(address=config.runner.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(2, config.runner.concurrency), include_dashboard=False, log_to_driver=False)
+    n_actors = max(1, min(config.runner.concurrency, len(todo), 8))
+    per_actor = max(1, -(-config.runner.concurrency // n_actors))
+    actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor)(EpisodeActor)
+    cfg_json = config.model_dump(mode="json")
+    actors = [actor_cls.remote(cfg_json) for _ in range(n_actors)]
+    await asyncio.gather(*(a.ping.remote() for a in actors))
+    sem = asyncio.Semaphore(config.runner.concurrency)
+
+    async def one(i: int, task: Task, sample: int) -> None:
+        async with sem:
+            actor = actors[i % n_actors]
+            result = await actor.run.remote(task.family, task.row, task.source, sample)
+            on_result(task.instance_id, sample, result)
+
+    try:
+        await asyncio.gather(*(one(i, t, s) for i, (t, s) in enumerate(todo)))
+    finally:
+        for a in actors:
+            ray.kill(a)

@@ -1,0 +1,174 @@
+"""The main job: many episodes at once, each stored the moment it ends, resumable.
+
+Work is the list of (instance, sample) pairs not yet in the store. Episodes run concurrently
+(asyncio here, or Ray actors with the same code inside), sandbox starts are bounded
+separately, and every finished episode is committed to the store before it counts as done,
+so a killed run resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from uniagent.agent.result import ExitReason
+from uniagent.errors import ConfigError
+from uniagent.runner.config import RunConfig
+from uniagent.runner.models import ModelFactory
+from uniagent.runner.redact import Redactor
+from uniagent.runner.store import RunStore, episode_row
+from uniagent.runner.summary import export
+from uniagent.sandbox.base import Sandbox
+from uniagent.tasks import load_tasks, run_episode
+from uniagent.tasks.base import Task
+
+log = logging.getLogger(__name__)
+STORE_NAME = "run.db"
+
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    resolved: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    exits: collections.Counter[str] = field(default_factory=collections.Counter)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        if not self.done:
+            return None
+        return self.elapsed / self.done * (self.total - self.done)
+
+
+class Runner:
+    def __init__(self, config: RunConfig, on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.config = config
+        self.out = Path(config.runner.output)
+        self.on_progress = on_progress
+        secrets = [str(v) for k, v in config.sandbox.items() if "token" in k or "key" in k or "secret" in k]
+        self.redactor = Redactor(extra=secrets)
+        self.progress: Progress | None = None
+
+    # -- setup ---------------------------------------------------------------------------
+    def open_store(self) -> RunStore:
+        path = self.out / STORE_NAME
+        existing = path.exists()
+        store = RunStore(path)
+        if existing and store.count() and not self.config.runner.resume:
+            n = store.count()
+            store.close()
+            raise ConfigError(
+                f"{self.out} already holds a run with {n} episodes: pass --resume to continue it, "
+                "or choose another --output"
+            )
+        return store
+
+    def pending(self, tasks: list[Task], store: RunStore) -> list[tuple[Task, int]]:
+        done = store.done_pairs(include_untrainable_failures=not self.config.runner.retry_failed)
+        pairs = [(t, s) for t in tasks for s in range(self.config.runner.samples)]
+        return [(t, s) for t, s in pairs if (t.instance_id, s) not in done]
+
+    def _save_config(self, store: RunStore) -> None:
+        data = self.redactor.data(self.config.model_dump(mode="json"))
+        (self.out / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        store.set_meta("config", data)
+
+    # -- run -----------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        cfg = self.config
+        tasks = load_tasks(cfg.tasks.spec, cfg.tasks.family, cfg.tasks.limit, cfg.tasks.ids)
+        if not tasks:
+            raise ConfigError(f"no tasks in {cfg.tasks.spec}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        store = self.open_store()
+        try:
+            self._save_config(store)
+            planned = len(tasks) * cfg.runner.samples
+            store.set_meta("planned", planned)
+            todo = self.pending(tasks, store)
+            self.progress = Progress(total=planned, skipped=planned - len(todo))
+            self.progress.done = planned - len(todo)
+            self._notify()
+            started = time.monotonic()
+            prior = float(store.meta("wall_s", 0.0) or 0.0)
+            if todo:
+                if cfg.runner.backend == "ray":
+                    from uniagent.runner.ray_backend import run_on_ray
+
+                    await run_on_ray(cfg, todo, lambda t, s, r: self._record(store, t, s, r))
+                else:
+                    await self._run_local(todo, store)
+            wall = prior + time.monotonic() - started
+            store.set_meta("wall_s", wall)
+            return export(store, self.out, cfg.model.name or cfg.model.spec, wall)
+        finally:
+            store.close()
+
+    async def _run_local(self, todo: list[tuple[Task, int]], store: RunStore) -> None:
+        cfg = self.config
+        Sandbox.set_start_concurrency(cfg.runner.sandbox_start_concurrency)
+        factory = ModelFactory(cfg.model)
+        await factory.start()
+        sem = asyncio.Semaphore(cfg.runner.concurrency)
+
+        async def one(task: Task, sample: int) -> None:
+            async with sem:
+                model = factory.new_model(task.instance_id, sample, cfg.runner.seed)
+                result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+                if not getattr(model, "trainable", True) and result.exit_reason.trainable:
+                    result.metrics["text_only_model"] = True
+                self._record(store, task.instance_id, sample, result.to_dict(), factory.trainable)
+
+        try:
+            await asyncio.gather(*(one(t, s) for t, s in todo))
+        finally:
+            await factory.close()
+
+    def _record(
+        self,
+        store: RunStore,
+        instance_id: str,
+        sample: int,
+        result: dict[str, Any],
+        trainable_model: bool = True,
+    ) -> None:
+        if result["exit_reason"] == ExitReason.CANCELLED.value:
+            return  # not stored: a resumed run does it again
+        if not trainable_model:
+            result["trainable"] = False  # text-only endpoints give no token record to train on
+        row = episode_row(instance_id, sample, self.redactor.data(result))
+        store.put(row)
+        p = self.progress
+        if p is not None:
+            p.done += 1
+            p.resolved += int(row["resolved"])
+            p.tokens += row["completion_tokens"]
+            p.exits[row["exit_reason"]] += 1
+            self._notify()
+
+    def _notify(self) -> None:
+        if self.on_progress and self.progress:
+            self.on_progress(self.progress)
+
+
+async def run(config: RunConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    return await Runner(config, on_progress).run()
