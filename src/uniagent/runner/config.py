@@ -29,6 +29,7 @@ class ModelConfig(BaseModel):
     tokenizer: str | None = Field(
         None, description="replay: the tokenizer's model (default: packaged SmolLM2)"
     )
+    replay_delay_s: float = Field(0.0, ge=0, description="replay: seconds per generation (simulated latency)")
     max_batch_size: int = Field(16, ge=1, description="local engine: rows decoded together")
     device: str = "cpu"
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")

@@ -59,7 +59,11 @@ class ModelFactory:
 
             if not os.path.exists(self.arg):
                 raise ConfigError(f"model.spec: replay file {self.arg} does not exist")
-            self.engine = ReplayEngine.from_jsonl(self.arg, match="prompt", strict=False)
+            # Records are keyed by request id `INSTANCE#SAMPLE` and turn; prompts are checked when
+            # recorded, and a differing prompt is replayed anyway with a warning.
+            self.engine = ReplayEngine.from_jsonl(
+                self.arg, match="request", strict=False, delay_s=self.config.replay_delay_s
+            )
 
     def new_model(self, instance_id: str, sample: int, seed: int) -> ChatModel:
         from uniagent.parsers import get_parser
@@ -88,7 +92,9 @@ class ModelFactory:
             max_tokens=cfg.max_tokens,
             seed=episode_seed(seed, instance_id, sample),
         )
-        rid = f"{instance_id}#{sample}#{uuid.uuid4().hex[:8]}"
+        rid = f"{instance_id}#{sample}"
+        if self.kind == "local":
+            rid += f"#{uuid.uuid4().hex[:8]}"
         return TokenChatModel(self.engine, self.codec, parser, sampling, request_id=rid)
 
     async def close(self) -> None:

@@ -1,0 +1,49 @@
+"""Replay files that script whole runs: per (instance, sample), the model's turns as text.
+
+The ReplayEngine is real; only what the "model" says is scripted (a gold fix applied with
+bash, or an empty submission), so runs are deterministic and need no model weights to
+generate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent_helpers import call
+from uniagent.models.base import Generation
+from uniagent.models.replay import ReplayRecord
+from uniagent.tasks.base import Task
+from uniagent.tokens import ChatCodec
+
+
+def gold_turns(task: Task) -> list[str]:
+    patch = task.row["patch"]
+    apply = f"cat > /tmp/fix.diff <<'UA_EOF'\n{patch}UA_EOF\ngit apply /tmp/fix.diff && echo applied"
+    return [call("bash", command=apply), call("submit")]
+
+
+def write_replay(
+    path: Path,
+    codec: ChatCodec,
+    tasks: list[Task],
+    samples: int = 1,
+    wrong: set[tuple[str, int]] | None = None,
+) -> Path:
+    """Sample s of each task applies the gold patch, unless (id, s) is in `wrong` (empty submit)."""
+    lines = []
+    for task in tasks:
+        for s in range(samples):
+            turns = [call("submit")] if wrong and (task.instance_id, s) in wrong else gold_turns(task)
+            for turn, text in enumerate(turns):
+                ids = codec.encode(text) + codec.eot_ids
+                rec = ReplayRecord(
+                    f"{task.instance_id}#{s}",
+                    Generation(ids, [-0.1] * len(ids), "stop"),
+                    turn,
+                    None,
+                    "0" * 64,
+                )
+                lines.append(json.dumps(rec.to_json()))
+    path.write_text("\n".join(lines) + "\n")
+    return path
