@@ -1,0 +1,5 @@
+"""Synchronous publish/subscribe within one process."""
+
+from emitter.events import Emitter
+
+__all__ = ["Emitter"]
