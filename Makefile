@@ -39,8 +39,10 @@ system-deps:
 	  else echo "missing Debian packages:$$missing (run as root or install them)"; fi; \
 	fi
 
-demo: setup
-	$(VENV)/bin/uniagent demo
+# The main job on the embedded defaults: starter tasks, local SmolLM2, bubblewrap sandboxes.
+demo: setup system-deps
+	rm -rf runs/demo
+	$(VENV)/bin/uniagent run --config configs/demo.yaml
 
 test: setup system-deps
 	$(VENV)/bin/ruff check src tests bench
