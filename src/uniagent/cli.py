@@ -213,6 +213,32 @@ def doctor() -> None:
     console.print(table)
 
 
+# Commands that live with their subsystem: each module has `register(app)`, and imports its
+# heavy dependencies (verl, torch training, web servers) only when its command runs.
+COMMAND_MODULES = (
+    "uniagent.integrations.verl.cli",
+    "uniagent.train.cli",
+    "uniagent.gateway.cli",
+    "uniagent.dashboard.cli",
+)
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # that subsystem is not built in this checkout
+            raise
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     """Entry point: user mistakes print one clear line and exit 2, without a traceback."""
     try:
