@@ -244,7 +244,8 @@ def main() -> None:
     try:
         app()
     except UniAgentError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        # Plain print: one line, never wrapped to the terminal width, easy to grep.
+        print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 
