@@ -68,7 +68,7 @@ from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import SweRexConfig
 from uniagent.sandbox.output import clip_text
 from uniagent.sandbox.procs import quote, tree_signal_script
-from uniagent.sandbox.shell import ExecResult, wrap_cwd_env
+from uniagent.sandbox.shell import ExecResult
 
 log = logging.getLogger(__name__)
 
@@ -630,24 +630,6 @@ class SweRexSandbox(Sandbox):
                 await sess.start()
                 self._rex_sessions[name] = sess
         return sess
-
-    async def exec(
-        self,
-        command: str,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        *,
-        session: str = "default",
-        max_output: int | None = -1,
-    ) -> ExecResult:
-        """Run a bash command line in a persistent SWE-ReX session (same contract as the base)."""
-        if not self._started or self._stopped:
-            raise SandboxDeadError("the swerex sandbox is not running (start it first)")
-        sess = await self.session(session)
-        limit = self.config.max_output_chars if max_output == -1 else max_output
-        t = self.config.default_timeout_s if timeout is None else timeout
-        return await sess.run(wrap_cwd_env(command, cwd, env), t, limit)
 
     async def _execute(self, command: str, what: str, timeout: float = 300) -> str:
         """Run a `bash -c` command outside the sessions (SWE-ReX `execute`); its stdout."""
