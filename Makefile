@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
-APT_PACKAGES := bubblewrap git docker.io podman
+APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver
 
 .PHONY: setup demo test lint bench system-deps clean
 
