@@ -1,0 +1,1 @@
+"""Adapters that plug uniagent's interaction stack into external trainers (verl)."""

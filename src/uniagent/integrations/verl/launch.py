@@ -1,0 +1,103 @@
+"""Launch recipes: a YAML list of hydra overrides for one verl entry point, turned into a command.
+
+A recipe (`recipes/verl/*.yaml`) names verl's entry point module and the overrides that make it
+train with `UniAgentLoop`. Keeping recipes as plain override lists (not a config tree of our own)
+means every key is one verl itself validates, and `uniagent train --engine verl` and a human typing
+the printed command run exactly the same thing.
+
+Placeholders in overrides: `{agent_loop}` is this package's agent-loop YAML, `{python}` the current
+interpreter, and any key of the recipe's `vars:` (e.g. `{data_dir}`, `{model}`). User overrides
+replace the recipe's override for the same key (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike),
+so a recipe is a starting point, never a cage; `vars` are set with `VAR@=value`, e.g.
+`model@=Qwen/Qwen3-8B`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from uniagent.errors import ConfigError
+
+AGENT_LOOP_YAML = Path(__file__).with_name("agent_loop.yaml")
+RECIPES_DIR = Path(__file__).resolve().parents[4] / "recipes" / "verl"
+
+ENTRYPOINTS = {
+    "verl.trainer.main_ppo",
+    "verl.experimental.fully_async_policy.fully_async_main",
+}
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """A recipe file, or the name of one in `recipes/verl/` (with or without `.yaml`)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    for candidate in (RECIPES_DIR / f"{recipe}.yaml", RECIPES_DIR / str(recipe)):
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(available_recipes()) or "none found"
+    raise ConfigError(f"no verl recipe {str(recipe)!r}; give a YAML file or one of: {known}")
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
+
+
+def load_recipe(recipe: str | Path) -> dict[str, Any]:
+    path = recipe_path(recipe)
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("overrides"), list):
+        raise ConfigError(f"{path}: a verl recipe is a mapping with an `overrides:` list")
+    entry = data.get("entrypoint", "verl.trainer.main_ppo")
+    if entry not in ENTRYPOINTS:
+        raise ConfigError(f"{path}: entrypoint {entry!r} is not one of {', '.join(sorted(ENTRYPOINTS))}")
+    data["entrypoint"] = entry
+    data["path"] = str(path)
+    return data
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets (`+a.b=1`, `++a.b=1`, `~a.b` all set `a.b`)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def resolve_overrides(recipe: dict[str, Any], overrides: list[str]) -> list[str]:
+    """The recipe's overrides with placeholders filled and user overrides applied on top."""
+    values = {str(k): str(v) for k, v in (recipe.get("vars") or {}).items()}
+    user: list[str] = []
+    for item in overrides:
+        if "@=" in item and "=" not in item.split("@=", 1)[0]:
+            name, value = item.split("@=", 1)
+            values[name] = value
+        else:
+            user.append(item)
+    values.setdefault("agent_loop", str(AGENT_LOOP_YAML))
+    values.setdefault("python", sys.executable)
+    merged: dict[str, str] = {}
+    for item in [*(str(o) for o in recipe["overrides"]), *user]:
+        merged.pop(override_key(item), None)  # later wins, and keeps its own position
+        merged[override_key(item)] = _fill(item, values)
+    return list(merged.values())
+
+
+def build_command(recipe: str | Path, overrides: list[str]) -> list[str]:
+    """The exact `python -m verl...` command for `recipe` plus `overrides`."""
+    data = load_recipe(recipe)
+    return [sys.executable, "-m", data["entrypoint"], *resolve_overrides(data, list(overrides))]
+
+
+def launch(recipe: str | Path, overrides: list[str]) -> int:
+    """Run the recipe's command in the foreground; its exit status is ours."""
+    command = build_command(recipe, overrides)
+    return subprocess.call(command)
