@@ -1,0 +1,55 @@
+"""DESIGN.md's one-way dependency rule, checked on the source: nothing below imports above it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
+
+# Layer -> rank. A module may import its own layer and lower ranks only.
+RANK = {
+    "errors": 0,
+    "tokens": 1,
+    "parsers": 1,
+    "sandbox": 1,
+    "models": 2,
+    "tools": 2,
+    "agent": 3,
+    "tasks": 4,
+    "runner": 5,
+    "gateway": 5,
+    "dashboard": 6,
+    "train": 6,
+    "integrations": 6,
+    "demo": 6,
+    "doctor": 6,
+    "cli": 7,
+}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "uniagent" else None
+
+
+def test_imports_point_down() -> None:
+    problems = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] in ("tasks",) and "builtin" in rel.parts:
+            continue  # bundled task repositories are data
+        own = rel.parts[0].removesuffix(".py")
+        if own not in RANK:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                layer = _layer(name)
+                if layer in RANK and RANK[layer] > RANK[own]:
+                    problems.append(f"{rel}:{node.lineno} ({own}) imports {name} ({layer})")
+    assert not problems, "\n".join(problems)
