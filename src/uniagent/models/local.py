@@ -69,6 +69,8 @@ class _Request:
     future: asyncio.Future[Generation]
     # Set on the event-loop thread when the awaiting coroutine is cancelled; the worker only reads it.
     cancelled: bool = False
+    # Called on the request's event loop with (token_id, logprob) as each token is sampled (streaming).
+    on_token: Callable[[int, float], None] | None = None
 
     @property
     def budget(self) -> int:
@@ -190,8 +192,19 @@ class LocalEngine:
         """A snapshot of the counters."""
         return dataclasses.replace(self._stats)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
-        """Queue one request and wait for it; it is batched with whatever else is running."""
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str,
+        *,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> Generation:
+        """Queue one request and wait for it; it is batched with whatever else is running.
+
+        `on_token(token_id, logprob)` (optional) is called on this event loop for every token as soon as
+        it is sampled, before the returned `Generation` resolves: what a streaming server needs.
+        """
         self._validate(prompt_ids, request_id)
         loop = asyncio.get_running_loop()
         request = _Request(
@@ -201,6 +214,7 @@ class LocalEngine:
             stop_ids=frozenset(sampling.stop_token_ids) | self._eos_ids,
             loop=loop,
             future=loop.create_future(),
+            on_token=on_token,
         )
         with self._cond:
             if self._closing or not self._thread.is_alive():
@@ -412,6 +426,8 @@ class LocalEngine:
             row.token_ids.append(token)
             row.logprobs.append(logprob)
             self._stats.generated_tokens += 1
+            if row.request.on_token is not None:
+                _emit(row.request, token, logprob)
             row.finish = self._finish_reason(row, token)
             if row.finish is not None:
                 self._stats.completed += 1
@@ -519,6 +535,19 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gen
         scores = torch.full_like(scores, float("-inf")).scatter(0, order, ordered)
     probs = scores.softmax(dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _emit(request: _Request, token: int, logprob: float) -> None:
+    """Stream one token to the request's event loop (queued before its settle, so it arrives first)."""
+    callback = request.on_token
+    assert callback is not None
+
+    def emit() -> None:
+        if not request.future.done():
+            callback(token, logprob)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+        request.loop.call_soon_threadsafe(emit)
 
 
 def _settle(request: _Request, outcome: Generation | BaseException) -> None:
