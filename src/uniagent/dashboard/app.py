@@ -245,8 +245,36 @@ def _turns(row: dict[str, Any]) -> list[dict[str, Any]]:
     total = sum(t["model_tokens"] for t in turns)
     for t in turns:
         share = t["model_tokens"] / total if total else (1 / n if n else 0)
-        t["model_s_est"] = round(model_s * share, 4)
+        t["model_s_est"] = round(model_s * share, 6)
     return turns
+
+
+def annotate_calls(messages: list[dict[str, Any]], parser_name: str) -> list[dict[str, Any]]:
+    """Assistant messages whose calls live in the text (models without native tool templates):
+    add `parsed` = {thought, tool_calls} (or {format_error}) with the run's parser, for display.
+    The stored `content` is left exactly as it was."""
+    from uniagent.parsers import get_parser
+    from uniagent.parsers.base import ToolFormatError
+
+    try:
+        parser = get_parser(parser_name)
+    except UniAgentError:
+        return messages
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "assistant" and not m.get("tool_calls") and isinstance(content, str) and content:
+            try:
+                parsed = parser.parse(content)
+                if parsed.calls:
+                    calls = [c.to_openai() for c in parsed.calls]
+                    m = {**m, "parsed": {"thought": parsed.thought, "tool_calls": calls}}
+            except ToolFormatError as exc:
+                m = {**m, "parsed": {"format_error": str(exc)}}
+            except Exception:  # a display aid only: the raw text is shown anyway
+                pass
+        out.append(m)
+    return out
 
 
 def create_app(config: DashboardConfig) -> FastAPI:
@@ -373,9 +401,11 @@ def create_app(config: DashboardConfig) -> FastAPI:
 
     @app.get("/api/runs/{rid}/episodes/{instance_id}/{sample}")
     def episode(rid: int, instance_id: str, sample: int) -> Any:
-        _, row = get_row(rid, instance_id, sample)
+        run, row = get_row(rid, instance_id, sample)
         traj = row.pop("trajectory", None)
         out = dict(row)
+        parser = str((run.config().get("model") or {}).get("parser") or "hermes")
+        out["messages"] = annotate_calls(row.get("messages") or [], parser)
         out["turn_table"] = _turns({**row, "trajectory": traj})
         out["has_trajectory"] = traj is not None
         if traj is not None:

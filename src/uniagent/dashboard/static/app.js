@@ -250,8 +250,14 @@ function renderMessage(m, i) {
   const role = m.role || "?";
   let body = "";
   const content = Array.isArray(m.content) ? m.content.map((c) => c.text ?? JSON.stringify(c)).join("\n") : m.content;
-  if (content) body += `<pre>${esc(content)}</pre>`;
-  for (const c of m.tool_calls || []) {
+  const parsed = m.parsed || {};
+  if (parsed.tool_calls) {
+    // Calls written in the text: the thought, the calls as parsed, and the raw text folded away.
+    if (parsed.thought) body += `<pre>${esc(parsed.thought)}</pre>`;
+    body += `<details class="raw"><summary class="muted">raw text</summary><pre>${esc(content)}</pre></details>`;
+  } else if (content) body += `<pre>${esc(content)}</pre>`;
+  if (parsed.format_error) body += `<pre class="err">format error: ${esc(parsed.format_error)}</pre>`;
+  for (const c of m.tool_calls || parsed.tool_calls || []) {
     const fn = c.function || c;
     let args = fn.arguments;
     try { args = JSON.stringify(typeof args === "string" ? JSON.parse(args) : args, null, 2); } catch (e) { /* raw */ }
