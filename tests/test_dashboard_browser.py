@@ -1,8 +1,8 @@
 """The dashboard in a real browser: headless Debian Chromium driven by Playwright.
 
 The server is the real `uniagent dashboard` process over a real replay run (dashboard_helpers).
-Screenshots land in artifacts/ (git-ignored): dashboard_runs.png, dashboard_episode.png and
-dashboard_tokens.png.
+Screenshots land in artifacts/ (git-ignored): dashboard_runs.png, dashboard_episodes.png,
+dashboard_episode.png and dashboard_tokens.png.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def test_runs_page_shows_the_summary_and_the_reward_chart(page, server) -> None:
 def test_filter_open_an_episode_and_its_tokens(page, server, stored) -> None:
     page.goto(server.url + "#/run/0")
     assert len(wait_rows(page, 9)) == 9
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_episodes.png"), full_page=True)
     page.select_option("#f-resolved", "false")
     assert sorted(wait_rows(page, 4)) == sorted(
         f"{i}#{s}" for (i, s), r in stored.items() if not r["resolved"]

@@ -246,6 +246,21 @@ function renderDiff(patch) {
   return `<pre class="diff" id="patch">${lines.join("")}</pre>`;
 }
 
+function renderArgs(raw) {
+  // Arguments one per line; string values as they are (a bash script reads as a script).
+  let args = raw;
+  try { args = typeof raw === "string" ? JSON.parse(raw) : raw; } catch (e) { return `<pre>${esc(raw)}</pre>`; }
+  if (!args || typeof args !== "object" || Array.isArray(args)) return `<pre>${esc(JSON.stringify(args, null, 2))}</pre>`;
+  const keys = Object.keys(args);
+  if (!keys.length) return `<pre class="muted">(no arguments)</pre>`;
+  return keys
+    .map((k) => {
+      const v = args[k];
+      return `<div class="arg"><span class="muted">${esc(k)}</span><pre>${esc(typeof v === "string" ? v : JSON.stringify(v, null, 2))}</pre></div>`;
+    })
+    .join("");
+}
+
 function renderMessage(m, i) {
   const role = m.role || "?";
   let body = "";
@@ -259,9 +274,7 @@ function renderMessage(m, i) {
   if (parsed.format_error) body += `<pre class="err">format error: ${esc(parsed.format_error)}</pre>`;
   for (const c of m.tool_calls || parsed.tool_calls || []) {
     const fn = c.function || c;
-    let args = fn.arguments;
-    try { args = JSON.stringify(typeof args === "string" ? JSON.parse(args) : args, null, 2); } catch (e) { /* raw */ }
-    body += `<div class="call"><div class="name">→ ${esc(fn.name)} ${c.id ? `<span class="muted">${esc(c.id)}</span>` : ""}</div><pre>${esc(args)}</pre></div>`;
+    body += `<div class="call"><div class="name">→ ${esc(fn.name)} ${c.id ? `<span class="muted">${esc(c.id)}</span>` : ""}</div>${renderArgs(fn.arguments)}</div>`;
   }
   const extra = [m.name ? `tool ${esc(m.name)}` : "", m.tool_call_id ? `call ${esc(m.tool_call_id)}` : ""].filter(Boolean).join(" · ");
   return `<div class="msg ${esc(role)}" data-role="${esc(role)}"><div class="head"><b>${esc(role)}</b><span class="muted">#${i}</span><span class="muted">${extra}</span></div>${body || '<pre class="muted">(empty)</pre>'}</div>`;
@@ -285,7 +298,7 @@ function renderTimings(ep) {
   const parts = [["sandbox_start_s", "#718096"], ["setup_s", "#a0aec0"], ["model_s", "#2e8b57"], ["tools_s", "#2f5fb3"], ["verifier_s", "#d69e2e"]];
   const total = parts.reduce((a, [k]) => a + (t[k] || 0), 0) || 1;
   const bar = parts.filter(([k]) => t[k]).map(([k, c]) => `<span style="width:${(100 * t[k]) / total}%;background:${c}" title="${k}: ${fmt(t[k], 2)} s"></span>`).join("");
-  const legend = parts.map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace("_s", "")} ${fmt(t[k], 2)} s</span>`).join("");
+  const legend = parts.map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace(/_s$/, "").replace("_", " ")} ${fmt(t[k], 2)} s</span>`).join("");
   const turns = ep.turn_table || [];
   const hasReal = turns.some((r) => Object.keys(r).some((k) => k.endsWith("_s") && !k.endsWith("_est")));
   const keys = hasReal ? [...new Set(turns.flatMap((r) => Object.keys(r).filter((k) => k.endsWith("_s"))))] : ["model_s_est"];
