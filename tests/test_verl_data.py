@@ -1,0 +1,208 @@
+"""`uniagent data prepare` and the verl launch recipes, checked against verl's real classes.
+
+The parquet files are read by verl's own `RLHFDataset`; every recipe is composed against verl's own
+hydra configs (strict: an unknown key fails) and the synchronous ones pass verl's `validate_config`;
+one recipe is launched through verl's real entry point with hydra's `--cfg job` (prints the final
+config and exits, so no GPU is needed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from agent_helpers import make_swe_task_file
+from uniagent.errors import ConfigError
+from uniagent.integrations.verl.data import COLUMNS, prepare
+from uniagent.integrations.verl.launch import (
+    AGENT_LOOP_YAML,
+    available_recipes,
+    build_command,
+    launch,
+    load_recipe,
+)
+from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
+from uniagent.tasks import load_tasks
+
+verl = pytest.importorskip("verl")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+
+VERL_DIR = Path(verl.__file__).parent
+CONFIGS = {
+    "verl.trainer.main_ppo": (VERL_DIR / "trainer" / "config", "ppo_trainer"),
+    "verl.experimental.fully_async_policy.fully_async_main": (
+        VERL_DIR / "experimental" / "fully_async_policy" / "config",
+        "fully_async_ppo_trainer",
+    ),
+}
+
+
+def compose_for(command: list[str]):
+    config_dir, name = CONFIGS[command[2]]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return compose(config_name=name, overrides=command[3:])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="module")
+def verl_tokenizer(smol_tokenizer):
+    from verl.utils.tokenizer.tokenizer import set_pad_token_id
+
+    tok = copy.deepcopy(smol_tokenizer)
+    set_pad_token_id(tok)
+    return tok
+
+
+# -- data prepare -------------------------------------------------------------------------------------
+def test_prepare_starter_split_and_columns(tmp_path: Path) -> None:
+    report = prepare("builtin:starter", tmp_path / "a", val_size=4, seed=7)
+    assert (report["n_train"], report["n_val"]) == (14, 4)
+    train = pd.read_parquet(report["train"])
+    val = pd.read_parquet(report["val"])
+    assert tuple(train.columns) == COLUMNS
+    ids = lambda df: [e["instance_id"] for e in df["extra_info"]]  # noqa: E731
+    assert not set(ids(train)) & set(ids(val))
+    assert sorted(ids(train) + ids(val)) == sorted(t.instance_id for t in load_tasks("builtin:starter"))
+    assert set(train["agent_name"]) == {"uniagent"} and set(train["data_source"]) == {"uniagent/swe"}
+    indices = [e["index"] for e in train["extra_info"]] + [e["index"] for e in val["extra_info"]]
+    assert sorted(indices) == list(range(18)), "index groups the n samples of one prompt in verl"
+    # the same seed gives the same split; another seed another one
+    again = prepare("builtin:starter", tmp_path / "b", val_size=4, seed=7)
+    assert ids(pd.read_parquet(again["val"])) == ids(val)
+    other = prepare("builtin:starter", tmp_path / "c", val_size=4, seed=8)
+    assert ids(pd.read_parquet(other["val"])) != ids(val)
+    # fraction: at least one validation row; a split leaving nothing to train is refused
+    assert prepare("builtin:starter", tmp_path / "d", val_fraction=0.01)["n_val"] == 1
+    with pytest.raises(ConfigError, match="none to train"):
+        prepare("builtin:starter", tmp_path / "e", val_size=18)
+
+
+def test_rows_rebuild_the_same_tasks_through_verls_dataset(tmp_path: Path, verl_tokenizer) -> None:
+    """RLHFDataset reads the parquet; each row's spec rebuilds the Task `uniagent run` would load."""
+    from omegaconf import OmegaConf
+
+    report = prepare("builtin:starter", tmp_path, val_size=2, seed=0)
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 4096,
+            "filter_overlong_prompts": True,
+            "return_raw_chat": True,
+        }
+    )
+    dataset = RLHFDataset([report["train"]], verl_tokenizer, config)
+    assert len(dataset) == 16
+    tasks = {t.instance_id: t for t in load_tasks("builtin:starter")}
+    for i in range(len(dataset)):
+        row = dataset[i]
+        spec = spec_from_extra_info(row["extra_info"])
+        assert spec["source"] == "builtin:starter", "bundled suites travel by name, not by path"
+        task = task_from_spec(spec)
+        want = tasks[task.instance_id]
+        assert type(task) is type(want) and task.row == want.row and task.source == want.source
+        assert list(row["raw_prompt"]) == want.messages()
+        assert row["agent_name"] == "uniagent" and row["index"] == row["extra_info"]["index"]
+
+
+def test_task_file_source_resolves_from_anywhere(tmp_path: Path, monkeypatch) -> None:
+    path = make_swe_task_file(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    report = prepare(os.path.relpath(path, tmp_path), tmp_path / "out", val_size=0, agent_name="uniagent_swe")
+    assert report["n_val"] == 0 and report["val"] is None
+    row = pd.read_parquet(report["train"]).iloc[0]
+    assert row["agent_name"] == "uniagent_swe"
+    spec = json.loads(row["extra_info"]["uniagent_task"])
+    assert spec["source"] == str(path.resolve())
+    monkeypatch.chdir("/")
+    task = task_from_spec(spec)
+    assert task.repo_path() == (tmp_path / "src" / "repos" / "calc-001").resolve()
+
+
+def test_cli_data_prepare_and_verl_command(tmp_path: Path) -> None:
+    from uniagent.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["data", "prepare", "--tasks", "builtin:starter", "--output", str(tmp_path), "--seed", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "train: 16 rows" in result.output and (tmp_path / "val.parquet").exists()
+    result = runner.invoke(app, ["verl", "command", "starter_gspo_fully_async", "trainer.total_epochs=1"])
+    assert result.exit_code == 0, result.output
+    printed = shlex.split(result.output.strip())
+    assert printed == build_command("starter_gspo_fully_async", ["trainer.total_epochs=1"])
+    result = runner.invoke(app, ["verl", "recipes"])
+    assert result.exit_code == 0 and "starter_grpo" in result.output
+
+
+# -- recipes ------------------------------------------------------------------------------------------
+def test_every_recipe_composes_against_verls_config() -> None:
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    names = available_recipes()
+    assert {
+        "starter_grpo",
+        "starter_gspo",
+        "starter_gspo_fully_async",
+        "swe_grpo",
+        "swe_gspo",
+        "swe_gspo_fully_async",
+    } <= set(names)
+    for name in names:
+        command = build_command(name, [])
+        cfg = compose_for(command)  # strict: a key verl does not have fails here
+        rollout = cfg.actor_rollout_ref.rollout
+        assert rollout.agent.agent_loop_config_path == str(AGENT_LOOP_YAML)
+        assert rollout.calculate_log_probs is True
+        assert cfg.algorithm.adv_estimator == "grpo"
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == ("gspo" if "gspo" in name else "vanilla")
+        if "fully_async" in name:
+            assert command[2] == "verl.experimental.fully_async_policy.fully_async_main"
+            assert cfg.async_training.partial_rollout is True
+            assert cfg.actor_rollout_ref.actor.use_rollout_log_probs is True
+        else:
+            assert command[2] == "verl.trainer.main_ppo"
+            validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        swe = name.startswith("swe")
+        assert rollout.agent.default_agent_loop == ("uniagent_swe" if swe else "uniagent")
+    # the negative control: strict composition does reject a key verl lacks
+    with pytest.raises(Exception, match="not_a_verl_key"):
+        compose_for(build_command("starter_grpo", ["actor_rollout_ref.rollout.not_a_verl_key=1"]))
+
+
+def test_build_command_overrides_and_vars() -> None:
+    command = build_command(
+        "starter_gspo", ["actor_rollout_ref.rollout.n=4", "model@=Qwen/Qwen3-8B", "+trainer.extra_flag=1"]
+    )
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    overrides = command[3:]
+    assert overrides.count("actor_rollout_ref.rollout.n=4") == 1
+    assert not any(o.startswith("actor_rollout_ref.rollout.n=8") for o in overrides)
+    assert "actor_rollout_ref.model.path=Qwen/Qwen3-8B" in overrides
+    assert "data.train_files=data/verl/starter/train.parquet" in overrides
+    assert not any("{" in o for o in overrides if not o.startswith("trainer.logger"))
+    assert load_recipe("starter_gspo")["vars"]["tasks"] == "builtin:starter"
+    with pytest.raises(ConfigError, match="no verl recipe"):
+        build_command("no_such_recipe", [])
+
+
+def test_launch_runs_verls_entrypoint(capfd) -> None:
+    """The real fully-async entry point accepts the recipe (hydra prints the job config and exits)."""
+    code = launch("starter_gspo_fully_async", ["--cfg", "job", "--package", "async_training"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "partial_rollout: true" in out
