@@ -1,0 +1,196 @@
+"""The RL math, delegated to verl's `core_algos`, plus the tensors it needs built from Trajectories.
+
+Why delegate: the local trainer must optimise exactly what `verl` optimises on a cluster, so
+switching `--engine local` for `--engine verl` changes the scale, never the objective. This
+module only packs token data into verl's tensor layout (`[batch, response_len]`, mask 1 for
+model tokens) and calls verl's advantage estimators, policy losses, `agg_loss` and `kl_penalty`.
+
+Nothing here knows about episodes or engines, so the tests can compare it with direct calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from uniagent.tokens import Trajectory
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one training step.
+
+    `input_ids`/`attention_mask` hold prompt + response, right-padded. Response token j of row i
+    sits at position `prompt_len[i] + j`, so its logprob is read from logits at one position
+    before. `response_mask` is the Trajectory mask (context tokens 0) with padding 0.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_len: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    old_log_probs: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: slice) -> Batch:
+        """A micro-batch, trimmed to its own longest sequence (less padding to run through the model)."""
+        width = int(self.attention_mask[rows].sum(-1).max())
+        resp = max(1, int((self.attention_mask[rows].sum(-1) - self.prompt_len[rows]).max()))
+        return Batch(
+            self.input_ids[rows, :width],
+            self.attention_mask[rows, :width],
+            self.prompt_len[rows],
+            self.response_ids[rows, :resp],
+            self.response_mask[rows, :resp],
+            self.old_log_probs[rows, :resp],
+        )
+
+
+def pack(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
+    """Trajectories -> verl's layout. Old logprobs are the engine's (what the rollout sampled with)."""
+    if not trajectories:
+        raise ValueError("pack() needs at least one trajectory")
+    width = max(len(t) for t in trajectories)
+    resp = max(1, max(len(t.response_ids) for t in trajectories))
+    n = len(trajectories)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response_ids = torch.full((n, resp), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, resp), dtype=torch.float32)
+    old = torch.zeros((n, resp), dtype=torch.float32)
+    prompt_len = torch.zeros(n, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        ids = t.token_ids
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
+        prompt_len[i] = len(t.prompt_ids)
+        r = len(t.response_ids)
+        if r:
+            response_ids[i, :r] = torch.tensor(t.response_ids)
+            response_mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.float32)
+            old[i, :r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
+    return Batch(input_ids, attention, prompt_len, response_ids, response_mask, old)
+
+
+def response_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Teacher-forced logprobs of every response token, `[batch, response_len]`, fp32.
+
+    One forward over prompt + response: the logits at position p predict the token at p + 1, so
+    response token j of row i is scored at position `prompt_len[i] + j - 1`. Positions past a
+    row's end are clamped and then zeroed by the caller's mask.
+    """
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    logits = out.logits
+    n, resp = batch.response_ids.shape
+    offsets = torch.arange(resp)[None, :] + batch.prompt_len[:, None] - 1
+    offsets = offsets.clamp(max=logits.shape[1] - 1)
+    picked = logits.gather(1, offsets[:, :, None].expand(n, resp, logits.shape[-1]))
+    logp = torch.log_softmax(picked.float(), dim=-1)
+    return logp.gather(-1, batch.response_ids[:, :, None]).squeeze(-1)
+
+
+def outcome_rewards(rewards: list[float], response_mask: torch.Tensor) -> torch.Tensor:
+    """verl's `token_level_rewards`: the episode reward on the last model token, zero elsewhere."""
+    out = torch.zeros_like(response_mask, dtype=torch.float32)
+    for i, value in enumerate(rewards):
+        where = torch.nonzero(response_mask[i] > 0)
+        if len(where):
+            out[i, int(where[-1])] = float(value)
+    return out
+
+
+def compute_advantages(
+    estimator: str,
+    rewards: list[float],
+    response_mask: torch.Tensor,
+    group_ids: list[str],
+    norm_adv_by_std_in_grpo: bool = True,
+    algo_config: Any = None,
+) -> torch.Tensor:
+    """Advantages from verl's registered estimator `estimator` (grpo, rloo, grpo_passk, ...)."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    fn = get_adv_estimator_fn(estimator)
+    offered: dict[str, Any] = {
+        "token_level_rewards": outcome_rewards(rewards, response_mask),
+        "response_mask": response_mask,
+        "index": np.array(group_ids, dtype=object),
+        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+        "config": algo_config,
+    }
+    params = inspect.signature(fn).parameters
+    advantages, _returns = fn(**{k: v for k, v in offered.items() if k in params})
+    return advantages * response_mask
+
+
+def actor_config(
+    loss_mode: str,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+    batch_tokens: int,
+    batch_size: int,
+) -> Any:
+    """verl's ActorConfig carrying the clip ratios and the whole step's token/sequence counts.
+
+    `global_batch_info` makes `agg_loss` normalise each micro-batch by the *step's* totals, so the
+    micro-batch losses add up to the loss of the whole batch (as verl does across data ranks).
+    """
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(
+        strategy="fsdp",
+        clip_ratio=clip_ratio_low,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        ppo_micro_batch_size_per_gpu=1,
+        rollout_n=1,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        global_batch_info={"dp_size": 1, "batch_num_tokens": batch_tokens, "global_batch_size": batch_size},
+    )
+
+
+def policy_loss(
+    loss_mode: str,
+    old_log_probs: torch.Tensor,
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    config: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's policy loss `loss_mode` (vanilla = PPO clip, gspo, cispo, ...) and its metrics."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    fn = get_policy_loss_fn(loss_mode)
+    return fn(
+        old_log_prob=old_log_probs,
+        log_prob=log_probs,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+    )
+
+
+def kl_loss(
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_type: str,
+    loss_agg_mode: str,
+    config: Any,
+) -> torch.Tensor:
+    """verl's `use_kl_loss` term: `kl_penalty` per token, aggregated like the policy loss."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    kld = kl_penalty(log_probs, ref_log_probs, kl_type)
+    return agg_loss(kld, response_mask, loss_agg_mode, **config.global_batch_info)

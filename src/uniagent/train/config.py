@@ -1,0 +1,127 @@
+"""`TrainConfig`: one YAML file plus `--set` overrides, the same way `uniagent run` is configured.
+
+Every section forbids unknown keys, so a misspelt setting is an error that names it. The `algo`
+names are verl's (`adv_estimator`, `loss_mode`, `loss_agg_mode`, `clip_ratio_*`, `kl_loss_*`) so
+a recipe reads the same for `--engine local` and `--engine verl`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from uniagent.agent.config import AgentConfig
+from uniagent.errors import ConfigError
+from uniagent.runner.config import set_dotted
+
+
+class TrainModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field("local", description="local (packaged SmolLM2), a model directory or a .gguf file")
+    parser: str = Field("hermes", description="tool-call format the model writes")
+    temperature: float = Field(1.0, ge=0, description="rollout sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, ge=1, description="tokens per model turn")
+    max_batch_size: int = Field(32, ge=1, description="rollout rows decoded together")
+    device: str = "cpu"
+    dtype: str = Field("float32", description="parameter dtype for training and rollouts")
+
+
+class TrainTasksConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field("toy", description="toy | toy:FILE | builtin:NAME | a task file")
+    family: str | None = None
+    limit: int | None = Field(None, ge=1)
+    ids: list[str] | None = None
+
+
+class AlgoSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    adv_estimator: str = Field("grpo", description="verl advantage estimator: grpo, rloo, grpo_passk, ...")
+    norm_adv_by_std_in_grpo: bool = Field(True, description="False gives Dr.GRPO")
+    loss_mode: str = Field("vanilla", description="verl policy loss: vanilla (PPO clip), gspo, cispo, ...")
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    clip_ratio_low: float = Field(0.2, ge=0)
+    clip_ratio_high: float = Field(0.28, ge=0)
+    clip_ratio_c: float = Field(3.0, gt=1.0, description="dual-clip bound for negative advantages")
+    kl_loss_coef: float = Field(
+        0.0, ge=0, description="> 0 keeps a frozen reference model (verl use_kl_loss)"
+    )
+    kl_loss_type: str = Field("low_var_kl", description="verl kl_penalty: kl/k1, abs, mse/k2, low_var_kl/k3")
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+
+
+class TrainerSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(20, ge=1, description="optimizer steps (one rollout batch each)")
+    group_size: int = Field(4, ge=1, description="samples per task per step (the GRPO group)")
+    tasks_per_step: int = Field(4, ge=1)
+    micro_batch_size: int = Field(4, ge=1, description="sequences per forward/backward")
+    concurrency: int = Field(32, ge=1, description="episodes at once during a rollout")
+    output: Path = Path("runs/train")
+    save_every: int = Field(10, ge=0, description="checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = Field(1, ge=1, description="older checkpoints are deleted")
+    seed: int = 0
+    tensorboard: bool = Field(True, description="also log to OUTPUT/tensorboard when installed")
+    wandb_project: str | None = Field(None, description="also log to this W&B project when installed")
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: TrainModelConfig = Field(default_factory=TrainModelConfig)
+    tasks: TrainTasksConfig = Field(default_factory=TrainTasksConfig)
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=1, max_format_errors=1))
+    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
+    algo: AlgoSection = Field(default_factory=AlgoSection)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+
+def build_train_config(path: Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """YAML file (optional) then `KEY=VALUE` overrides, validated; errors name the bad key."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not Path(path).exists():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping")
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        set_dotted(data, key.strip(), value)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"config {where}: {err['msg']}") from None
+    from uniagent.sandbox import parse_config
+
+    try:
+        parse_config(cfg.sandbox)
+    except ConfigError as exc:
+        raise ConfigError(f"config {exc}") from None
+    return cfg

@@ -1,0 +1,453 @@
+"""`uniagent train --engine local`: GRPO/GSPO on one machine (CPU is enough for the toy suite).
+
+Recipe
+------
+::
+
+    uniagent train --engine local --config configs/train_local.yaml            # learn
+    uniagent train --engine local --config configs/train_local.yaml --resume   # continue
+    uniagent train --engine local --config configs/train_local.yaml \\
+        --set algo.loss_mode=gspo --set algo.loss_agg_mode=seq-mean-token-mean  # GSPO
+    uniagent train --engine verl --config RECIPE --print                         # the cluster command
+
+Outputs in `trainer.output`: `metrics.jsonl` (one row per step), `reward_curve.png`,
+`checkpoints/step_N.pt` (model, optimizer, step, RNG states), `tensorboard/` when TensorBoard is
+installed, and W&B when `trainer.wandb_project` is set and wandb is installed.
+
+How a step works, and why
+-------------------------
+1. **Rollout** through `run_episode`, the code `uniagent run` and the verl agent loop use, so an
+   episode means the same thing in evaluation and training. The engine is
+   `LocalEngine.from_model(policy)`: it serves the trainer's own parameters, so an optimizer step
+   is what the very next rollout samples from (no weight sync, no copy).
+2. **Groups**: `tasks_per_step` tasks, `group_size` samples each. Episodes whose exit reason is
+   not trainable (sandbox died, engine failed, verifier crashed) are dropped before grouping:
+   an infrastructure failure is not a zero reward.
+3. **Advantages, policy loss, KL, aggregation** come from verl's `core_algos` by name
+   (`algo.adv_estimator`, `algo.loss_mode`, `algo.loss_agg_mode`, `algo.kl_loss_type`), so the
+   objective is verl's. Old logprobs are the engine's (`Trajectory.response_logprobs`); current
+   logprobs come from one teacher-forced forward over prompt + response. The loss mask is the
+   Trajectory's response mask, so context tokens (tool results, turn glue) get no gradient.
+4. **Update**: AdamW, global grad-norm clip. Generation and update never overlap: a step starts
+   only after every rollout request has returned (checked against the engine's counters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from uniagent.agent.result import EpisodeResult
+from uniagent.errors import ConfigError, UniAgentError
+from uniagent.tasks.base import Task
+from uniagent.train import algo
+from uniagent.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+METRICS = "metrics.jsonl"
+CURVE = "reward_curve.png"
+
+
+def load_train_tasks(cfg: TrainConfig) -> list[Task]:
+    """`toy` / `toy:FILE` are this package's toy family; anything else goes to the task registry."""
+    spec = cfg.tasks.spec
+    if spec == "toy" or spec.startswith("toy:"):
+        from uniagent.train.toy import load_toy_tasks
+
+        tasks = load_toy_tasks(spec[4:] or None, cfg.tasks.limit)
+        if cfg.tasks.ids:
+            tasks = [t for t in tasks if t.instance_id in cfg.tasks.ids]
+    else:
+        from uniagent.tasks import load_tasks
+
+        tasks = load_tasks(spec, cfg.tasks.family, cfg.tasks.limit, cfg.tasks.ids)
+    if not tasks:
+        raise ConfigError(f"tasks.spec {spec!r} gave no tasks")
+    return tasks
+
+
+@dataclass
+class Sample:
+    """One episode of a step and the group it belongs to."""
+
+    task: Task
+    group: str
+    result: EpisodeResult
+
+
+class LocalTrainer:
+    """Owns the policy, the optimizer, the shared engine and the output directory."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
+        from uniagent.models.loading import load_causal_lm, load_tokenizer, resolve_model
+        from uniagent.models.local import LocalEngine
+        from uniagent.tokens import ChatCodec
+
+        self.cfg = cfg
+        self.out = Path(cfg.trainer.output)
+        self.ckpt_dir = self.out / "checkpoints"
+        existing = sorted(self.ckpt_dir.glob("step_*.pt")) if self.ckpt_dir.exists() else []
+        if existing and not resume:
+            raise ConfigError(
+                f"{self.out} already holds checkpoints ({existing[-1].name}): pass --resume to continue, "
+                "or choose another trainer.output"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tasks = load_train_tasks(cfg)
+        source = resolve_model(None if cfg.model.spec == "local" else cfg.model.spec)
+        self.codec = ChatCodec(load_tokenizer(source))
+        self.policy = load_causal_lm(source, device=cfg.model.device, dtype=cfg.model.dtype)
+        self.ref: torch.nn.Module | None = None
+        if cfg.algo.kl_loss_coef > 0:
+            self.ref = copy.deepcopy(self.policy).requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.engine = LocalEngine.from_model(self.policy, max_batch_size=cfg.model.max_batch_size)
+        self.step = 0
+        self.rng = random.Random(cfg.trainer.seed)
+        torch.manual_seed(cfg.trainer.seed)
+        if resume and existing:
+            self._load(existing[-1])
+        elif not resume:
+            (self.out / METRICS).unlink(missing_ok=True)
+        self._writers = _Writers(self.out, cfg)
+
+    # ------------------------------------------------------------------------------- rollout
+
+    def pick_tasks(self) -> list[Task]:
+        n = min(self.cfg.trainer.tasks_per_step, len(self.tasks))
+        return self.rng.sample(self.tasks, n)
+
+    async def rollout(self, tasks: list[Task]) -> list[Sample]:
+        """`group_size` episodes per task through `run_episode`, all sharing the policy's weights."""
+        from uniagent.models.base import SamplingParams
+        from uniagent.models.token_chat import TokenChatModel
+        from uniagent.parsers import get_parser
+        from uniagent.runner.models import episode_seed
+        from uniagent.tasks.episode import run_episode
+
+        cfg = self.cfg
+        gate = asyncio.Semaphore(cfg.trainer.concurrency)
+
+        async def one(task: Task, k: int) -> Sample:
+            sample = self.step * cfg.trainer.group_size + k
+            sampling = SamplingParams(
+                temperature=cfg.model.temperature,
+                top_p=cfg.model.top_p,
+                max_tokens=cfg.model.max_tokens,
+                seed=episode_seed(cfg.trainer.seed, task.instance_id, sample),
+            )
+            rid = f"{task.instance_id}#{self.step}#{k}"
+            model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
+            async with gate:
+                result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+            return Sample(task, task.instance_id, result)
+
+        jobs = [one(t, k) for t in tasks for k in range(cfg.trainer.group_size)]
+        return list(await asyncio.gather(*jobs))
+
+    def _assert_idle(self) -> None:
+        """Weights may change only while no generation is queued or running."""
+        s = self.engine.stats
+        if s.requests != s.completed + s.failed + s.cancelled:
+            raise UniAgentError(
+                f"engine still has {s.requests - s.completed - s.failed - s.cancelled} request(s) in flight; "
+                "refusing to update weights under a running generation"
+            )
+
+    # ------------------------------------------------------------------------------- update
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step on the trainable samples; returns loss metrics."""
+        cfg = self.cfg
+        usable = [s for s in samples if s.result.trainable and s.result.trajectory is not None]
+        usable = [s for s in usable if s.result.trajectory.num_model_tokens > 0]
+        metrics: dict[str, float] = {"episodes_trained": float(len(usable))}
+        if not usable:
+            return metrics
+        trajectories = [s.result.trajectory for s in usable]
+        rewards = [s.result.reward.value for s in usable]
+        batch = algo.pack(trajectories)
+        advantages = algo.compute_advantages(
+            cfg.algo.adv_estimator,
+            rewards,
+            batch.response_mask,
+            [s.group for s in usable],
+            cfg.algo.norm_adv_by_std_in_grpo,
+        )
+        total_tokens = int(batch.response_mask.sum())
+        actor_cfg = algo.actor_config(
+            cfg.algo.loss_mode,
+            cfg.algo.clip_ratio_low,
+            cfg.algo.clip_ratio_high,
+            cfg.algo.clip_ratio_c,
+            total_tokens,
+            len(batch),
+        )
+        self._assert_idle()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {"pg_loss": 0.0, "kl_loss": 0.0}
+        weighted: dict[str, float] = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
+        mb = cfg.trainer.micro_batch_size
+        for start in range(0, len(batch), mb):
+            rows = slice(start, start + mb)
+            micro = batch.select(rows)
+            adv = advantages[rows, : micro.response_ids.shape[1]]
+            logp = algo.response_log_probs(self.policy, micro)
+            pg_loss, pg_metrics = algo.policy_loss(
+                cfg.algo.loss_mode,
+                micro.old_log_probs,
+                logp,
+                adv,
+                micro.response_mask,
+                cfg.algo.loss_agg_mode,
+                actor_cfg,
+            )
+            loss = pg_loss
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = algo.response_log_probs(self.ref, micro)
+                kl = algo.kl_loss(
+                    logp,
+                    ref_logp,
+                    micro.response_mask,
+                    cfg.algo.kl_loss_type,
+                    cfg.algo.loss_agg_mode,
+                    actor_cfg,
+                )
+                loss = loss + cfg.algo.kl_loss_coef * kl
+                sums["kl_loss"] += float(kl.detach())
+            loss.backward()
+            sums["pg_loss"] += float(pg_loss.detach())
+            share = float(micro.response_mask.sum()) / max(total_tokens, 1)
+            for key in weighted:
+                weighted[key] += share * float(pg_metrics.get(f"actor/{key}", 0.0))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            log.warning("step %d: non-finite grad norm, update skipped", self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(sums)
+        metrics.update(weighted)
+        metrics["loss"] = sums["pg_loss"] + cfg.algo.kl_loss_coef * sums["kl_loss"]
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["train_tokens"] = float(total_tokens)
+        metrics["adv_abs_mean"] = float((advantages.abs() * batch.response_mask).sum() / max(total_tokens, 1))
+        return metrics
+
+    # ------------------------------------------------------------------------------- loop
+
+    async def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        before = self.engine.stats.generated_tokens
+        samples = await self.rollout(self.pick_tasks())
+        rollout_s = time.perf_counter() - t0
+        generated = self.engine.stats.generated_tokens - before
+        t1 = time.perf_counter()
+        losses = await asyncio.to_thread(self.update, samples)
+        update_s = time.perf_counter() - t1
+        self.step += 1
+        trainable = [s for s in samples if s.result.trainable]
+        rewards = [s.result.reward.value for s in trainable]
+        exits: dict[str, int] = {}
+        for s in samples:
+            exits[s.result.exit_reason.value] = exits.get(s.result.exit_reason.value, 0) + 1
+        row: dict[str, Any] = {
+            "step": self.step,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "resolved_rate": sum(s.result.resolved for s in trainable) / len(trainable)
+            if trainable
+            else None,
+            "episodes": len(samples),
+            "untrainable": len(samples) - len(trainable),
+            **losses,
+            "rollout_tokens_per_s": generated / rollout_s if rollout_s > 0 else 0.0,
+            "train_tokens_per_s": losses.get("train_tokens", 0.0) / update_s if update_s > 0 else 0.0,
+            "rollout_s": rollout_s,
+            "update_s": update_s,
+            "step_s": time.perf_counter() - t0,
+            "exit_reasons": exits,
+            "time": time.time(),
+        }
+        self._writers.write(row)
+        return row
+
+    async def train(self, on_step: Any = None) -> list[dict[str, Any]]:
+        """Run until `trainer.steps`; checkpoint every `save_every` and at the end; keep the curve fresh."""
+        rows: list[dict[str, Any]] = []
+        every = self.cfg.trainer.save_every
+        try:
+            while self.step < self.cfg.trainer.steps:
+                row = await self.train_step()
+                rows.append(row)
+                plot_rewards(self.out / METRICS, self.out / CURVE)
+                if on_step is not None:
+                    on_step(row)
+                if (every and self.step % every == 0) or self.step == self.cfg.trainer.steps:
+                    await asyncio.to_thread(self.save)
+        finally:
+            self._writers.close()
+        return rows
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------------------- checkpoints
+
+    def save(self) -> Path:
+        """Model, optimizer, step and every RNG the run draws from, written atomically."""
+        self._assert_idle()
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        path = self.ckpt_dir / f"step_{self.step:06d}.pt"
+        state = {
+            "step": self.step,
+            "model": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {
+                "trainer": self.rng.getstate(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+            },
+            "config": self.cfg.model_dump(mode="json"),
+        }
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        for old in sorted(self.ckpt_dir.glob("step_*.pt"))[: -self.cfg.trainer.keep_checkpoints]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def _load(self, path: Path) -> None:
+        state = torch.load(path, map_location=self.cfg.model.device, weights_only=False)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        rng = state["rng"]
+        self.rng.setstate(rng["trainer"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        _truncate_metrics(self.out / METRICS, self.step)
+        log.info("resumed from %s at step %d", path, self.step)
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after the checkpoint: those steps run again."""
+    if not path.exists():
+        return
+    keep = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+class _Writers:
+    """metrics.jsonl always; TensorBoard and W&B only when installed (and W&B only when asked)."""
+
+    def __init__(self, out: Path, cfg: TrainConfig) -> None:
+        self.path = out / METRICS
+        self.tb: Any = None
+        self.wandb: Any = None
+        if cfg.trainer.tensorboard:
+            with contextlib.suppress(ImportError):
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tensorboard"))
+        if cfg.trainer.wandb_project:
+            with contextlib.suppress(ImportError):
+                import wandb
+
+                self.wandb = wandb.init(
+                    project=cfg.trainer.wandb_project, config=cfg.model_dump(mode="json"), dir=str(out)
+                )
+
+    def write(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        scalars = {
+            k: float(v)
+            for k, v in row.items()
+            if isinstance(v, int | float) and v is not None and k not in ("step", "time") and math.isfinite(v)
+        }
+        if self.tb is not None:
+            for key, value in scalars.items():
+                self.tb.add_scalar(f"train/{key}", value, row["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def plot_rewards(metrics: Path, png: Path) -> Path | None:
+    """Reward mean and resolved rate per step, with a 5-step moving average; `None` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("reward_mean") is not None]
+    if not rows:
+        return None
+    steps = [r["step"] for r in rows]
+    rewards = [r["reward_mean"] for r in rows]
+    window = 5
+    smooth = [
+        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+        for i in range(len(rewards))
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, "o-", alpha=0.5, label="reward mean")
+    ax.plot(steps, smooth, "-", linewidth=2, label=f"moving average ({window})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("uniagent train --engine local")
+    fig.tight_layout()
+    tmp = png.with_name(png.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png)
+    return png
+
+
+def run_local(cfg: TrainConfig, resume: bool = False, on_step: Any = None) -> list[dict[str, Any]]:
+    """Build the trainer, train, close the engine; what `uniagent train --engine local` calls."""
+    trainer = LocalTrainer(cfg, resume=resume)
+    try:
+        return asyncio.run(trainer.train(on_step))
+    finally:
+        trainer.close()

@@ -1,0 +1,273 @@
+"""The local trainer: verl's math, mask handling, exclusion of infrastructure failures, weights shared
+with the rollout engine, checkpoints and resume, and a short real run through the CLI.
+
+Everything is real: the packaged SmolLM2-135M weights, bubblewrap sandboxes, verl's `core_algos`.
+Sizes are tiny because the suite runs on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+from uniagent.errors import ConfigError
+from uniagent.models.base import SamplingParams
+from uniagent.tokens import Trajectory
+from uniagent.train import algo
+from uniagent.train.config import build_train_config
+from uniagent.train.toy import ToyTask, load_toy_tasks
+
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+
+
+def _traj(prompt: int, parts: list[tuple[str, int]], seed: int = 0) -> Trajectory:
+    """A trajectory with model/context parts of the given lengths and made-up logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    t = Trajectory(prompt_ids=torch.randint(10, 1000, (prompt,), generator=g).tolist())
+    for kind, n in parts:
+        ids = torch.randint(10, 1000, (n,), generator=g).tolist()
+        if kind == "model":
+            t.add_generation(ids, (-torch.rand(n, generator=g)).tolist())
+        else:
+            t.add_context(ids)
+    return t
+
+
+def _episode(traj: Trajectory | None, reward: float | None, reason: ExitReason) -> EpisodeResult:
+    value = None if reward is None else Reward(reward, reward == 1.0)
+    return EpisodeResult([], traj, reason, value)
+
+
+# ----------------------------------------------------------------------------- verl's math
+
+
+def test_advantages_are_verls_grpo() -> None:
+    trajs = [_traj(3, [("model", 4), ("context", 2), ("model", 3)], s) for s in range(6)]
+    batch = algo.pack(trajs)
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    groups = ["a", "a", "a", "b", "b", "b"]
+    ours = algo.compute_advantages("grpo", rewards, batch.response_mask, groups)
+    token_rewards = algo.outcome_rewards(rewards, batch.response_mask)
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=token_rewards, response_mask=batch.response_mask, index=np.array(groups, dtype=object)
+    )
+    assert torch.equal(ours, theirs * batch.response_mask)
+    assert ours[0].abs().sum() > 0 and ours[3].abs().sum() == 0  # group b has no spread
+    # the outcome reward sits on the last model token, never on context or padding
+    assert token_rewards[0].nonzero().flatten().tolist() == [8]
+    # Dr.GRPO and other estimators are reached by name too
+    drgrpo = algo.compute_advantages("grpo", rewards, batch.response_mask, groups, norm_adv_by_std_in_grpo=False)
+    assert torch.allclose(drgrpo[0, 0], torch.tensor(1 - 1 / 3))
+    rloo = algo.compute_advantages("rloo", rewards, batch.response_mask, groups)
+    assert torch.allclose(rloo[0, 0], torch.tensor(1.0))
+
+
+@pytest.mark.parametrize(
+    ("loss_mode", "agg"), [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("vanilla", "token-sum")]
+)
+def test_policy_loss_is_verls_and_micro_batches_add_up(loss_mode: str, agg: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    mask = (torch.rand(6, 7, generator=g) > 0.3).float()
+    old = -torch.rand(6, 7, generator=g)
+    new = old + 0.3 * torch.randn(6, 7, generator=g)
+    adv = torch.randn(6, 1, generator=g).expand(6, 7) * mask
+    cfg = algo.actor_config(loss_mode, 0.2, 0.28, 3.0, int(mask.sum()), 6)
+    ours, metrics = algo.policy_loss(loss_mode, old, new, adv, mask, agg, cfg)
+    fn = core_algos.compute_policy_loss_gspo if loss_mode == "gspo" else core_algos.compute_policy_loss_vanilla
+    theirs, their_metrics = fn(old, new, adv, mask, loss_agg_mode=agg, config=cfg)
+    assert torch.equal(ours, theirs) and metrics == their_metrics
+    micro = sum(algo.policy_loss(loss_mode, old[i : i + 2], new[i : i + 2], adv[i : i + 2], mask[i : i + 2],
+                                 agg, cfg)[0] for i in range(0, 6, 2))
+    assert torch.allclose(micro, ours, atol=1e-6)
+
+
+def test_kl_loss_is_verls() -> None:
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.rand(3, 5, generator=g) > 0.3).float()
+    lp, ref = -torch.rand(3, 5, generator=g), -torch.rand(3, 5, generator=g)
+    cfg = algo.actor_config("vanilla", 0.2, 0.2, 3.0, int(mask.sum()), 3)
+    ours = algo.kl_loss(lp, ref, mask, "low_var_kl", "token-mean", cfg)
+    theirs = core_algos.agg_loss(core_algos.kl_penalty(lp, ref, "low_var_kl"), mask, "token-mean")
+    assert torch.allclose(ours, theirs)
+
+
+def test_context_tokens_get_no_gradient() -> None:
+    traj = _traj(4, [("model", 3), ("context", 5), ("model", 2)])
+    batch = algo.pack([traj, _traj(2, [("model", 6)], 1)])
+    logp = batch.old_log_probs.clone().requires_grad_(True)
+    adv = algo.compute_advantages("grpo", [1.0, 0.0], batch.response_mask, ["x", "x"])
+    cfg = algo.actor_config("vanilla", 0.2, 0.2, 3.0, int(batch.response_mask.sum()), 2)
+    loss, _ = algo.policy_loss("vanilla", batch.old_log_probs, logp, adv, batch.response_mask, "token-mean", cfg)
+    loss.backward()
+    grad = logp.grad
+    assert grad[0, 3:8].abs().sum() == 0  # the tool-result tokens
+    assert grad[0, 10:].abs().sum() == 0  # padding
+    assert (grad[0, :3] != 0).all() and (grad[0, 8:10] != 0).all()
+
+
+def test_teacher_forced_logprobs_match_the_engine(smol_source) -> None:
+    """Old logprobs (the engine's, batched with a KV cache) and a teacher-forced pass agree."""
+    from uniagent.models.loading import load_causal_lm
+    from uniagent.models.local import LocalEngine
+
+    model = load_causal_lm(smol_source)
+    with LocalEngine.from_model(model) as engine:
+        gen = asyncio.run(engine.generate([1, 9690, 28, 940], SamplingParams(temperature=0, max_tokens=6), "r"))
+    traj = Trajectory(prompt_ids=[1, 9690, 28, 940])
+    traj.add_generation(gen.token_ids, gen.logprobs)
+    batch = algo.pack([traj])
+    with torch.no_grad():
+        logp = algo.response_log_probs(model, batch)
+    assert torch.allclose(logp, batch.old_log_probs, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    from uniagent.train.local import LocalTrainer
+
+    out = tmp_path_factory.mktemp("train")
+    cfg = build_train_config(
+        None,
+        [
+            f"trainer.output={out}",
+            "tasks.limit=4",
+            "trainer.group_size=2",
+            "trainer.tasks_per_step=2",
+            "model.max_tokens=24",
+            "optim.lr=1e-4",
+            "trainer.tensorboard=false",
+        ],
+    )
+    t = LocalTrainer(cfg)
+    yield t
+    t.close()
+
+
+def test_untrainable_episodes_are_excluded(trainer, monkeypatch) -> None:
+    from uniagent.train.local import Sample
+
+    task = load_toy_tasks(limit=1)[0]
+    seen: list[list[Trajectory]] = []
+    real_pack = algo.pack
+    monkeypatch.setattr(algo, "pack", lambda trajs, *a: seen.append(trajs) or real_pack(trajs, *a))
+    good = [_traj(5, [("model", 4)], s) for s in range(2)]
+    dead = _traj(5, [("model", 50)], 9)
+    samples = [
+        Sample(task, "g", _episode(good[0], 1.0, ExitReason.FINISHED)),
+        Sample(task, "g", _episode(good[1], 0.0, ExitReason.FORMAT_ERRORS)),
+        Sample(task, "g", _episode(dead, None, ExitReason.SANDBOX_DEAD)),
+        Sample(task, "g", _episode(dead, 0.0, ExitReason.MODEL_ERROR)),
+    ]
+    metrics = trainer.update(samples)
+    assert metrics["episodes_trained"] == 2
+    assert seen == [good]
+
+
+def test_update_is_seen_by_the_next_generation(trainer) -> None:
+    """The engine serves the trainer's parameters: one optimizer step changes its logprobs."""
+    assert trainer.engine.model is trainer.policy
+    prompt = trainer.codec.prompt_ids(ToyTask.from_row({"id": "x", "question": "What is 2 + 3?", "answer": 5})
+                                      .messages())
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+
+    async def gen():
+        return await trainer.engine.generate(prompt, greedy, "probe")
+
+    before = asyncio.run(gen())
+    traj = Trajectory(prompt_ids=prompt)
+    traj.add_generation(before.token_ids, before.logprobs)
+    other = Trajectory(prompt_ids=prompt)
+    other.add_generation(before.token_ids[:2], before.logprobs[:2])
+    from uniagent.train.local import Sample
+
+    task = load_toy_tasks(limit=1)[0]
+    trainer.update(
+        [Sample(task, "g", _episode(traj, 0.0, ExitReason.FINISHED)),
+         Sample(task, "g", _episode(other, 1.0, ExitReason.FINISHED))]
+    )
+    after = asyncio.run(gen())
+    assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(before.logprobs[0])
+
+
+def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
+    from uniagent.train.local import LocalTrainer
+
+    trainer.step = 3
+    trainer.rng.random()
+    path = trainer.save()
+    assert path.name == "step_000003.pt"
+    with pytest.raises(ConfigError, match="--resume"):
+        LocalTrainer(trainer.cfg)
+    resumed = LocalTrainer(trainer.cfg, resume=True)
+    try:
+        assert resumed.step == 3
+        assert resumed.rng.random() == trainer.rng.random()
+        a, b = trainer.optimizer.state_dict(), resumed.optimizer.state_dict()
+        assert a["state"].keys() == b["state"].keys() and a["state"]
+        for key in a["state"]:
+            assert torch.equal(a["state"][key]["exp_avg"], b["state"][key]["exp_avg"])
+        for (name, p), q in zip(trainer.policy.named_parameters(), resumed.policy.parameters(), strict=True):
+            assert torch.equal(p, q), name
+    finally:
+        resumed.close()
+
+
+# ----------------------------------------------------------------------------- config and CLI
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="algo.lossmode"):
+        build_train_config(None, ["algo.lossmode=gspo"])
+    cfg = build_train_config(Path("configs/train_local.yaml"), ["algo.loss_mode=gspo"])
+    assert cfg.algo.loss_mode == "gspo" and cfg.tasks.spec == "toy"
+
+
+def test_cli_short_run_writes_metrics_curve_and_checkpoint(tmp_path: Path) -> None:
+    from uniagent.cli import app
+
+    out = tmp_path / "run"
+    args = [
+        "train", "--engine", "local", "--config", "configs/train_local.yaml",
+        "--set", f"trainer.output={out}", "--set", "trainer.steps=2", "--set", "trainer.save_every=1",
+        "--set", "trainer.group_size=2", "--set", "trainer.tasks_per_step=2", "--set", "model.max_tokens=24",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "resolved_rate", "loss", "pg_clipfrac", "ppo_kl", "rollout_tokens_per_s", "step_s"):
+        assert key in rows[0], key
+    assert rows[0]["episodes"] == 4
+    assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in (out / "checkpoints").glob("*.pt")] == ["step_000002.pt"]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code != 0 and "--resume" in str(again.exception)
+
+
+def test_cli_verl_engine_without_the_integration_says_so(monkeypatch) -> None:
+    import builtins
+
+    from uniagent.cli import app
+    from uniagent.errors import UniAgentError
+
+    real_import = builtins.__import__
+
+    def no_verl(name, *args, **kwargs):
+        if name.startswith("uniagent.integrations.verl"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_verl)
+    result = CliRunner().invoke(app, ["train", "--engine", "verl", "--config", "x.yaml", "--print"])
+    assert isinstance(result.exception, UniAgentError)
+    assert "integrations.verl.launch" in str(result.exception)
