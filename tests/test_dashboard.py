@@ -191,6 +191,11 @@ def test_command_errors_and_token_when_not_on_loopback(run_dir: Path, tmp_path: 
         assert page.status_code == 303 and "uniagent_dashboard_token" in page.headers["set-cookie"]
         cookies = {"uniagent_dashboard_token": "t0ken-for-test"}
         assert httpx.get(server.url + "api/runs", cookies=cookies).status_code == 200
+    with DashboardServer([run_dir], host="0.0.0.0") as server:  # no token given: one is made and printed
+        assert httpx.get(server.url + "api/runs").status_code == 401
+    printed = server.proc.stdout.read() if server.proc.stdout else ""
+    made = printed.split("?token=")[1].split()[0]
+    assert len(made) >= 24 and "0.0.0.0" in printed
     with DashboardServer([run_dir]) as server:  # loopback: no token needed
         assert httpx.get(server.url + "api/runs").status_code == 200
         assert "uniagent dashboard" in httpx.get(server.url).text
