@@ -293,7 +293,7 @@ class Gateway:
             current = asyncio.current_task()
             if task.cancelled() and not (current and current.cancelling()):
                 raise GatewayError(
-                    f"session {session.id!r} was {session.state}", 409, "session_closed"
+                    f"session {session.id!r} was {session.state}", 404, "session_closed"
                 ) from None
             raise
         except EngineError as exc:

@@ -50,7 +50,7 @@ class SessionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:#@-]{1,200}$")
+    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,200}$")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     client_sampling: list[str] = Field(
         default_factory=list,
@@ -233,8 +233,10 @@ class Session:
         self.last_active = time.monotonic()
 
     def check_open(self) -> None:
-        if self.state != "open":
-            raise GatewayError(f"session {self.id!r} is {self.state}", 409, "session_closed")
+        if self.state == "finalized":
+            raise GatewayError(f"session {self.id!r} is finalized", 409, "session_closed")
+        if self.state != "open":  # 404: clients (litellm, openai) stop instead of retrying
+            raise GatewayError(f"session {self.id!r} is {self.state}", 404, "session_closed")
 
     def _native(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return tools if (tools and self.native_tools) else None

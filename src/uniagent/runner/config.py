@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.errors import ConfigError
@@ -69,6 +69,19 @@ class RunConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    agent_kind: str = Field(
+        "react",
+        pattern=r"^(react|mini-swe-agent(:.+)?)$",
+        description="react (our loop) | mini-swe-agent[:CONFIG] (a black-box harness through the gateway)",
+    )
+
+    @field_validator("agent_kind")
+    @classmethod
+    def _harness_backend(cls, kind: str, info: Any) -> str:
+        runner = info.data.get("runner")
+        if kind != "react" and runner is not None and runner.backend != "local":
+            raise ValueError(f"agent_kind {kind!r} runs with runner.backend local only")
+        return kind
 
 
 def set_dotted(data: dict[str, Any], key: str, raw: str) -> None:

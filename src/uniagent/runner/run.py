@@ -129,18 +129,28 @@ class Runner:
         factory = ModelFactory(cfg.model)
         await factory.start()
         sem = asyncio.Semaphore(cfg.runner.concurrency)
+        harness = None
 
         async def one(task: Task, sample: int) -> None:
             async with sem:
                 model = factory.new_model(task.instance_id, sample, cfg.runner.seed)
-                result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+                if harness is not None:
+                    result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
+                else:
+                    result = await run_episode(task, model, cfg.agent, cfg.sandbox)
                 if not getattr(model, "trainable", True) and result.exit_reason.trainable:
                     result.metrics["text_only_model"] = True
                 self._record(store, task.instance_id, sample, result.to_dict(), factory.trainable)
 
         try:
+            if cfg.agent_kind != "react":  # a black-box harness talking to an in-process gateway
+                from uniagent.gateway.harness import HarnessGateway
+
+                harness = await HarnessGateway.start(cfg.agent_kind, factory.engine, factory.codec)
             await asyncio.gather(*(one(t, s) for t, s in todo))
         finally:
+            if harness is not None:
+                await harness.close()
             await factory.close()
 
     def _record(
