@@ -305,7 +305,8 @@ def test_scripted_starter_episodes_through_verls_worker(base_config, tokenizer, 
     assert out.batch["responses"].shape == (2, 4096) and out.batch["prompts"].shape == (2, 2048)
     assert list(nt["exit_reason"]) == ["finished", "finished"]
     assert list(nt["trainable"]) == [True, True]
-    assert list(nt["resolved"]) == [True, False]
+    assert list(nt["resolved"]) == [1.0, 0.0]  # from reward_extra_info, as verl batches it
+    assert out.meta_info["reward_extra_keys"] == ["resolved"]
     assert list(nt["drift"]) == [None, None]
     assert list(nt["min_global_steps"]) == [3, 3] and list(nt["max_global_steps"]) == [3, 3]
     for i, instance in enumerate([GOLD, EMPTY]):
@@ -360,6 +361,7 @@ def test_aborted_turn_is_resumed_and_stitched(base_config, tokenizer, data_dir, 
     assert sample["response"][: len(generated)] == generated
     assert sample["mask"][: len(generated)] == [1] * len(generated)
     assert (nt["min_global_steps"][0], nt["max_global_steps"][0]) == (3, 4), "policy versions are reported"
+    assert nt["resumed_turns"][0] == 1
 
 
 def test_untrainable_episode_gets_zero_mask(base_config, tokenizer, codec, data_dir) -> None:

@@ -178,19 +178,19 @@ def episode_output(
     extra_fields: dict[str, Any] = {
         "exit_reason": result.exit_reason.value,
         "trainable": trainable,
-        "resolved": result.resolved,
         "drift": None if traj is None else traj.drift,
         "instance_id": metrics.get("instance_id"),
         "request_id": request_id,
         "prompt_overflow": overflow,
         "response_cut": cut,
         "error": result.error,
+        "resumed_turns": engine.resumes if engine else 0,
         "min_global_steps": engine.min_global_steps if engine else None,
         "max_global_steps": engine.max_global_steps if engine else None,
         "turn_scores": [],
         "tool_rewards": [],
-        # Same keys for every sample: verl turns them into per-sample validation metrics.
-        "reward_extra_info": {"resolved": float(result.resolved), "trainable": float(trainable)},
+        # Same keys for every sample: verl moves them into the batch and its validation metrics.
+        "reward_extra_info": {"resolved": float(result.resolved)},
     }
     return AgentLoopOutput(
         prompt_ids=prompt,
