@@ -37,7 +37,7 @@ _CACHE: dict[str, Path] = {}
 
 def scripts(tasks: list[Any]) -> dict[tuple[str, int], list[str]]:
     t0, t1, t2, t3 = (t.instance_id for t in tasks)
-    wander = [call("bash", command=f"echo token={SECRET} && ls"), call("bash", command="git status --short")]
+    wander = [call("bash", command=f"echo token={SECRET} && ls"), call("bash", command="pwd")]
     return {
         (t0, 0): gold_turns(tasks[0]),
         (t0, 1): [call("submit")],
@@ -93,6 +93,20 @@ def replay_run(base: Path, codec: ChatCodec) -> Path:
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The tests expect exactly the scripted outcomes. An infrastructure failure (seen: a rare
+    # verifier_error "resetting to base failed ... Could not parse object" under load) is not
+    # what they test, so such pairs are rerun the product's way, with --resume.
+    for _ in range(3):
+        store = RunStore(out / "run.db", readonly=True)
+        failed = [
+            (r["instance_id"], r["sample"], r["error"]) for r in store.rows(full=False) if not r["trainable"]
+        ]
+        store.close()
+        if not failed:
+            break
+        print(f"rerunning infrastructure failures with --resume: {failed}")
+        proc = subprocess.run([*CLI, *args, "--resume"], capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     store = RunStore(out / "run.db")
     store.put(infra_failure_row())
     store.close()
