@@ -146,13 +146,18 @@ def test_token_view_matches_the_stored_trajectory(client: TestClient, stored, sm
     assert infra.status_code == 404 and "no token trajectory" in infra.json()["detail"]
 
 
-def test_secrets_are_redacted_everywhere(client: TestClient, stored) -> None:
+def test_secrets_are_redacted_everywhere(client: TestClient, stored, smol_tokenizer) -> None:
     key = next(k for k, r in stored.items() if r["exit_reason"] == "max_turns")
     assert SECRET in json.dumps(stored[key]["messages"])  # the runner did not know it
     ep = client.get(f"/api/runs/0/episodes/{key[0]}/{key[1]}")
     assert SECRET not in ep.text and MASK in ep.text
     toks = client.get(f"/api/runs/0/episodes/{key[0]}/{key[1]}/tokens")
     assert SECRET[4:12] not in toks.text and MASK in "".join(t[1] for t in toks.json()["tokens"])
+    # Nor can the secret be decoded back from token ids: redacted tokens carry no id.
+    row_ids = stored[key]["trajectory"]["prompt_ids"] + stored[key]["trajectory"]["response_ids"]
+    hidden = [i for i, t in enumerate(toks.json()["tokens"]) if t[0] is None]
+    assert hidden and all(t[0] == row_ids[i] for i, t in enumerate(toks.json()["tokens"]) if t[0] is not None)
+    assert SECRET in smol_tokenizer.decode([row_ids[i] for i in hidden]).replace(" ", "")
     assert SECRET not in client.get("/api/runs/0/episodes").text
 
 

@@ -427,7 +427,8 @@ def create_app(config: DashboardConfig) -> FastAPI:
         run, row = get_row(rid, instance_id, sample)
         traj = row.get("trajectory")
         if not traj:
-            raise HTTPException(404, f"{instance_id}#{sample} has no token trajectory (a text-level model)")
+            why = "a text-level model, or it ended before its first turn"
+            raise HTTPException(404, f"{instance_id}#{sample} has no token trajectory ({why})")
         prompt = list(traj.get("prompt_ids") or [])
         response = list(traj.get("response_ids") or [])
         spec = run.tokenizer_spec()
@@ -436,10 +437,14 @@ def create_app(config: DashboardConfig) -> FastAPI:
         except UniAgentError as exc:
             name = spec or "packaged SmolLM2"
             raise HTTPException(503, f"cannot load the run's tokenizer ({name}): {exc}") from exc
-        pieces = redact_pieces(pieces, redactor)
+        shown = redact_pieces(pieces, redactor)
         mask = [0] * len(prompt) + list(traj.get("response_mask") or [])
         logprobs = [0.0] * len(prompt) + list(traj.get("response_logprobs") or [])
-        ids = prompt + response
+        # A redacted token's id would give the secret back to anyone with the tokenizer: null.
+        ids: list[int | None] = [
+            None if a != b else tid for tid, a, b in zip(prompt + response, shown, pieces, strict=True)
+        ]
+        pieces = shown
         return {
             "instance_id": redactor.text(instance_id),
             "sample": sample,
@@ -450,7 +455,7 @@ def create_app(config: DashboardConfig) -> FastAPI:
                 {**s, "start": s["start"] + len(prompt), "end": s["end"] + len(prompt)}
                 for s in traj.get("spans") or []
             ],
-            "special": sorted(special & set(ids)),
+            "special": sorted(special & set(prompt + response)),
             "tokens": [
                 [tid, piece, m, round(float(lp), 5)]
                 for tid, piece, m, lp in zip(ids, pieces, mask, logprobs, strict=False)

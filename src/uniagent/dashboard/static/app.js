@@ -140,11 +140,14 @@ function runCard(run, series) {
 async function runsPage() {
   setCrumbs([["runs", "#/"]]);
   const seq = routeSeq;
+  let last = "";
   const render = async () => {
     const runs = await api("runs");
     const series = await Promise.all(runs.map((r) => api(`runs/${r.id}/series`)));
-    if (seq !== routeSeq) return;
-    view.innerHTML = `<h1>Runs</h1>` + runs.map((r, i) => runCard(r, series[i])).join("");
+    const html = `<h1>Runs</h1>` + runs.map((r, i) => runCard(r, series[i])).join("");
+    if (seq !== routeSeq || html === last) return; // unchanged: keep the page (and any hover) as it is
+    last = html;
+    view.innerHTML = html;
   };
   await render();
   poll(render);
@@ -178,6 +181,7 @@ async function episodesPage(rid, params) {
   $("f-trainable").value = f.trainable;
   $("f-q").value = f.q;
   let known = null;
+  let lastSig = "";
   const seq = routeSeq;
 
   const syncHash = () => {
@@ -194,7 +198,9 @@ async function episodesPage(rid, params) {
     if (f.trainable) p.set("trainable", f.trainable);
     if (f.q) p.set("q", f.q);
     const data = await api(`runs/${rid}/episodes?${p}`);
-    if (seq !== routeSeq) return;
+    const sig = p.toString() + JSON.stringify(data);
+    if (seq !== routeSeq || sig === lastSig) return; // nothing new: leave the table alone
+    lastSig = sig;
     const sel = $("f-exit");
     const have = new Set([...sel.options].map((o) => o.value));
     for (const r of data.exit_reasons) if (!have.has(r)) sel.add(new Option(r, r));
@@ -322,7 +328,7 @@ async function episodePage(rid, iid, sample) {
       ${stat("turns", ep.turns)}${stat("prompt / generated tokens", `${ep.prompt_tokens} / ${ep.completion_tokens}`)}
       ${stat("drift at token", fmt(ep.drift))}${stat("attempts", ep.attempts)}
     </div>
-    ${ep.has_trajectory ? `<p><a id="token-link" href="${base}/tokens">Token view →</a> <span class="muted">${ts.prompt_tokens} prompt + ${ts.response_tokens} response tokens (${ts.model_tokens} model, ${ts.context_tokens} context)</span></p>` : '<p class="muted">no token trajectory (text-level model)</p>'}
+    ${ep.has_trajectory ? `<p><a id="token-link" href="${base}/tokens">Token view →</a> <span class="muted">${ts.prompt_tokens} prompt + ${ts.response_tokens} response tokens (${ts.model_tokens} model, ${ts.context_tokens} context)</span></p>` : '<p class="muted">no token trajectory stored (a text-level model, or the episode ended before its first turn)</p>'}
     ${ep.error ? `<h2>Error</h2><pre class="err">${esc(ep.error)}</pre>` : ""}
     <h2>Timings</h2>${renderTimings(ep)}
     <div class="grid2">
@@ -356,9 +362,11 @@ async function tokenPage(rid, iid, sample) {
     for (let i = s.start; i < s.end; i++) {
       const [id, text, m, lp] = toks[i];
       if (i === data.drift) html += `<span class="drift-marker" id="drift-marker" title="drift: the running sequence differs from a full render from here">▼ drift</span>`;
-      const shown = text.replace(/\n/g, "↵\n") || "∅";
-      const style = m ? ` style="background:${shade(lp)}"` : "";
-      html += `<span class="t${special.has(id) ? " special" : ""}${i === data.drift ? " drift" : ""}" data-i="${i}" data-m="${m}"${style}>${esc(shown)}</span>`;
+      const redacted = id === null;
+      const shown = redacted ? text || "▪" : text.replace(/\n/g, "↵\n") || "∅";
+      const style = m && !redacted ? ` style="background:${shade(lp)}"` : "";
+      const cls = (special.has(id) ? " special" : "") + (i === data.drift ? " drift" : "") + (redacted ? " redacted" : "");
+      html += `<span class="t${cls}" data-i="${i}" data-m="${m}"${style}>${esc(shown)}</span>`;
     }
     html += `</span>`;
   }
@@ -383,7 +391,7 @@ async function tokenPage(rid, iid, sample) {
     const i = +el.dataset.i;
     const [id, text, m, lp] = toks[i];
     const seg = el.parentElement.dataset;
-    tip.textContent = `#${i}  id ${id}\ntext ${JSON.stringify(text)}\n${m ? "model" : "context"} (mask ${m}) · ${seg.role}\nlogprob ${m ? lp.toFixed(4) + `  (p=${Math.exp(lp).toFixed(3)})` : "–"}${i === data.drift ? "\nDRIFT starts here" : ""}`;
+    tip.textContent = `#${i}  id ${id === null ? "(redacted)" : id}\ntext ${JSON.stringify(text)}\n${m ? "model" : "context"} (mask ${m}) · ${seg.role}\nlogprob ${m ? lp.toFixed(4) + `  (p=${Math.exp(lp).toFixed(3)})` : "–"}${i === data.drift ? "\nDRIFT starts here" : ""}`;
     tip.hidden = false;
   });
   box.addEventListener("mousemove", (ev) => {
