@@ -435,7 +435,7 @@ async def _run_mini(
 def _exit_reason(
     error: BaseException | None, status: str, session: Session, sb: Sandbox
 ) -> tuple[ExitReason, str | None]:
-    context_full = any(c.ended for c in session.chains)
+    context_full = session.context_full or any(c.ended for c in session.chains)
     if error is None:
         reason = MINI_EXITS.get(status, ExitReason.INTERNAL_ERROR)
         if reason == ExitReason.FORMAT_ERRORS and context_full:

@@ -225,6 +225,7 @@ class Session:
         self.reward: float | None = None
         self.reward_details: dict[str, Any] = {}
         self.requests = 0
+        self.context_full = False  # a request hit the context cap
         self.inflight: set[asyncio.Task[Any]] = set()
         self._call_count = 0
 
@@ -283,9 +284,10 @@ class Session:
             if tools_key(chain.tools) != tkey or len(keys) <= n or keys[:n] != chain.keys:
                 continue
             if chain.ended:
+                self.context_full = True
                 raise GatewayError(
-                    f"this conversation reached the session's context limit of {self.max_context} tokens "
-                    "and has ended",
+                    f"This model's maximum context length is {self.max_context} tokens; this conversation "
+                    "reached it and has ended (context_length_exceeded).",
                     400,
                     "context_length_exceeded",
                 )
@@ -312,8 +314,10 @@ class Session:
         if room < 1:
             if chain is not None:
                 chain.ended = "length"
+            self.context_full = True
             raise GatewayError(
-                f"the prompt has {len(prompt)} tokens but the session's context limit is {self.max_context}",
+                f"This model's maximum context length is {self.max_context} tokens. However, your messages "
+                f"resulted in {len(prompt)} tokens (context_length_exceeded).",
                 400,
                 "context_length_exceeded",
             )
