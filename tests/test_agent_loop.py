@@ -139,3 +139,15 @@ async def test_endpoint_errors_end_in_model_error_after_retries(task: SweTask, e
     assert not res.trainable and res.reward is None
     assert len(script.seen) == 3, "one try and two retries"
     assert SECRET not in (res.error or "")
+
+
+async def test_concurrent_samples_of_one_task_do_not_share_state(task: SweTask, codec: ChatCodec) -> None:
+    import asyncio
+
+    results = await asyncio.gather(
+        run_episode(task, scripted_model(codec, FIX)),
+        run_episode(task, scripted_model(codec, [call("submit")])),
+    )
+    assert [r.resolved for r in results] == [True, False]
+    assert all(r.exit_reason == ExitReason.FINISHED for r in results), [r.error for r in results]
+    assert task.base is None, "setup state lives on the episode's copy, not the shared task"

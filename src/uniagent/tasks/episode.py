@@ -7,6 +7,7 @@ the local trainer, so an episode means the same thing everywhere.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from typing import Any
@@ -39,6 +40,9 @@ async def run_episode(
     sandbox: dict[str, Any] | None = None,
 ) -> EpisodeResult:
     """Never raises for episode-level failures: they come back as an exit reason."""
+    # Setup records per-sandbox state on the task (its base commit, hidden files); samples of
+    # one task run concurrently, so each episode works on its own copy.
+    task = copy.copy(task)
     metrics: dict[str, Any] = {"instance_id": task.instance_id}
     t0 = time.perf_counter()
     try:

@@ -54,6 +54,8 @@ async def prepare_base(sandbox: Sandbox, base_commit: str | None = None) -> str:
     if not has_git:
         await run_checked(
             sandbox,
+            # A fixed date makes the base commit's sha a function of the content alone.
+            "export GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z'; "
             f"{GIT} init -q && {GIT} add -A && {GIT} commit -q --no-verify -m base",
             "creating the base commit",
         )

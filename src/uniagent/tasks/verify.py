@@ -8,6 +8,7 @@ environment that fails, is an error, never a silent "unresolved".
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
 
 async def grade_one(task: SweTask, patch: str, sandbox_cfg: dict[str, Any] | None) -> dict[str, Any]:
     t0 = time.perf_counter()
+    task = copy.copy(task)  # setup() records per-sandbox state
     out: dict[str, Any] = {"instance_id": task.instance_id}
     try:
         async with sandboxes.create(task.sandbox_config(sandbox_cfg)) as sb:
