@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/codec.py
 	$(PY) bench/engine.py
 	$(PY) bench/sandbox.py
+	$(PY) bench/gateway.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
