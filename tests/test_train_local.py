@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -56,21 +57,26 @@ def test_advantages_are_verls_grpo() -> None:
     ours = algo.compute_advantages("grpo", rewards, batch.response_mask, groups)
     token_rewards = algo.outcome_rewards(rewards, batch.response_mask)
     theirs, _ = core_algos.compute_grpo_outcome_advantage(
-        token_level_rewards=token_rewards, response_mask=batch.response_mask, index=np.array(groups, dtype=object)
+        token_level_rewards=token_rewards,
+        response_mask=batch.response_mask,
+        index=np.array(groups, dtype=object),
     )
     assert torch.equal(ours, theirs * batch.response_mask)
     assert ours[0].abs().sum() > 0 and ours[3].abs().sum() == 0  # group b has no spread
     # the outcome reward sits on the last model token, never on context or padding
     assert token_rewards[0].nonzero().flatten().tolist() == [8]
     # Dr.GRPO and other estimators are reached by name too
-    drgrpo = algo.compute_advantages("grpo", rewards, batch.response_mask, groups, norm_adv_by_std_in_grpo=False)
+    drgrpo = algo.compute_advantages(
+        "grpo", rewards, batch.response_mask, groups, norm_adv_by_std_in_grpo=False
+    )
     assert torch.allclose(drgrpo[0, 0], torch.tensor(1 - 1 / 3))
     rloo = algo.compute_advantages("rloo", rewards, batch.response_mask, groups)
     assert torch.allclose(rloo[0, 0], torch.tensor(1.0))
 
 
 @pytest.mark.parametrize(
-    ("loss_mode", "agg"), [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("vanilla", "token-sum")]
+    ("loss_mode", "agg"),
+    [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("vanilla", "token-sum")],
 )
 def test_policy_loss_is_verls_and_micro_batches_add_up(loss_mode: str, agg: str) -> None:
     g = torch.Generator().manual_seed(1)
@@ -80,11 +86,17 @@ def test_policy_loss_is_verls_and_micro_batches_add_up(loss_mode: str, agg: str)
     adv = torch.randn(6, 1, generator=g).expand(6, 7) * mask
     cfg = algo.actor_config(loss_mode, 0.2, 0.28, 3.0, int(mask.sum()), 6)
     ours, metrics = algo.policy_loss(loss_mode, old, new, adv, mask, agg, cfg)
-    fn = core_algos.compute_policy_loss_gspo if loss_mode == "gspo" else core_algos.compute_policy_loss_vanilla
+    fn = (
+        core_algos.compute_policy_loss_gspo if loss_mode == "gspo" else core_algos.compute_policy_loss_vanilla
+    )
     theirs, their_metrics = fn(old, new, adv, mask, loss_agg_mode=agg, config=cfg)
     assert torch.equal(ours, theirs) and metrics == their_metrics
-    micro = sum(algo.policy_loss(loss_mode, old[i : i + 2], new[i : i + 2], adv[i : i + 2], mask[i : i + 2],
-                                 agg, cfg)[0] for i in range(0, 6, 2))
+    micro = sum(
+        algo.policy_loss(
+            loss_mode, old[i : i + 2], new[i : i + 2], adv[i : i + 2], mask[i : i + 2], agg, cfg
+        )[0]
+        for i in range(0, 6, 2)
+    )
     assert torch.allclose(micro, ours, atol=1e-6)
 
 
@@ -104,7 +116,9 @@ def test_context_tokens_get_no_gradient() -> None:
     logp = batch.old_log_probs.clone().requires_grad_(True)
     adv = algo.compute_advantages("grpo", [1.0, 0.0], batch.response_mask, ["x", "x"])
     cfg = algo.actor_config("vanilla", 0.2, 0.2, 3.0, int(batch.response_mask.sum()), 2)
-    loss, _ = algo.policy_loss("vanilla", batch.old_log_probs, logp, adv, batch.response_mask, "token-mean", cfg)
+    loss, _ = algo.policy_loss(
+        "vanilla", batch.old_log_probs, logp, adv, batch.response_mask, "token-mean", cfg
+    )
     loss.backward()
     grad = logp.grad
     assert grad[0, 3:8].abs().sum() == 0  # the tool-result tokens
@@ -119,7 +133,9 @@ def test_teacher_forced_logprobs_match_the_engine(smol_source) -> None:
 
     model = load_causal_lm(smol_source)
     with LocalEngine.from_model(model) as engine:
-        gen = asyncio.run(engine.generate([1, 9690, 28, 940], SamplingParams(temperature=0, max_tokens=6), "r"))
+        gen = asyncio.run(
+            engine.generate([1, 9690, 28, 940], SamplingParams(temperature=0, max_tokens=6), "r")
+        )
     traj = Trajectory(prompt_ids=[1, 9690, 28, 940])
     traj.add_generation(gen.token_ids, gen.logprobs)
     batch = algo.pack([traj])
@@ -176,8 +192,9 @@ def test_untrainable_episodes_are_excluded(trainer, monkeypatch) -> None:
 def test_update_is_seen_by_the_next_generation(trainer) -> None:
     """The engine serves the trainer's parameters: one optimizer step changes its logprobs."""
     assert trainer.engine.model is trainer.policy
-    prompt = trainer.codec.prompt_ids(ToyTask.from_row({"id": "x", "question": "What is 2 + 3?", "answer": 5})
-                                      .messages())
+    prompt = trainer.codec.prompt_ids(
+        ToyTask.from_row({"id": "x", "question": "What is 2 + 3?", "answer": 5}).messages()
+    )
     greedy = SamplingParams(temperature=0, max_tokens=4)
 
     async def gen():
@@ -192,11 +209,15 @@ def test_update_is_seen_by_the_next_generation(trainer) -> None:
 
     task = load_toy_tasks(limit=1)[0]
     trainer.update(
-        [Sample(task, "g", _episode(traj, 0.0, ExitReason.FINISHED)),
-         Sample(task, "g", _episode(other, 1.0, ExitReason.FINISHED))]
+        [
+            Sample(task, "g", _episode(traj, 0.0, ExitReason.FINISHED)),
+            Sample(task, "g", _episode(other, 1.0, ExitReason.FINISHED)),
+        ]
     )
     after = asyncio.run(gen())
-    assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(before.logprobs[0])
+    assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(
+        before.logprobs[0]
+    )
 
 
 def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
@@ -226,7 +247,7 @@ def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="algo.lossmode"):
+    with pytest.raises(ConfigError, match=r"algo\.lossmode"):
         build_train_config(None, ["algo.lossmode=gspo"])
     cfg = build_train_config(Path("configs/train_local.yaml"), ["algo.loss_mode=gspo"])
     assert cfg.algo.loss_mode == "gspo" and cfg.tasks.spec == "toy"
@@ -239,15 +260,23 @@ def test_cli_short_run_writes_metrics_curve_and_checkpoint(tmp_path: Path) -> No
     args = [
         "train", "--engine", "local", "--config", "configs/train_local.yaml",
         "--set", f"trainer.output={out}", "--set", "trainer.steps=2", "--set", "trainer.save_every=1",
-        "--set", "trainer.group_size=2", "--set", "trainer.tasks_per_step=2", "--set", "model.max_tokens=24",
+        "--set", "trainer.group_size=2", "--set", "trainer.tasks_per_step=1", "--set", "model.max_tokens=12",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward_mean", "resolved_rate", "loss", "pg_clipfrac", "ppo_kl", "rollout_tokens_per_s", "step_s"):
+    for key in (
+        "reward_mean",
+        "resolved_rate",
+        "loss",
+        "pg_clipfrac",
+        "ppo_kl",
+        "rollout_tokens_per_s",
+        "step_s",
+    ):
         assert key in rows[0], key
-    assert rows[0]["episodes"] == 4
+    assert rows[0]["episodes"] == 2
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in (out / "checkpoints").glob("*.pt")] == ["step_000002.pt"]
     again = CliRunner().invoke(app, args)
@@ -271,3 +300,25 @@ def test_cli_verl_engine_without_the_integration_says_so(monkeypatch) -> None:
     result = CliRunner().invoke(app, ["train", "--engine", "verl", "--config", "x.yaml", "--print"])
     assert isinstance(result.exception, UniAgentError)
     assert "integrations.verl.launch" in str(result.exception)
+
+
+def test_cli_verl_engine_print_is_the_launch_command() -> None:
+    launch = pytest.importorskip("uniagent.integrations.verl.launch")
+    from uniagent.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--engine",
+            "verl",
+            "--config",
+            "starter_grpo",
+            "--print",
+            "--set",
+            "trainer.total_epochs=1",
+        ],
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    expected = shlex.join(launch.build_command("starter_grpo", ["trainer.total_epochs=1"]))
+    assert result.output.strip() == expected

@@ -32,7 +32,8 @@ def train(
         str, typer.Option(help="local: train in this process | verl: launch verl's trainer")
     ] = "local",
     config: Annotated[
-        Path | None, typer.Option("--config", help="YAML train config (local) or verl recipe")
+        Path | None,
+        typer.Option("--config", help="YAML train config (local), or a verl recipe file or name (verl)"),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="dotted override, e.g. algo.loss_mode=gspo")
@@ -56,13 +57,11 @@ def train(
             raise UniAgentError("--engine verl needs --config RECIPE")
         if print_only:
             command = launch.build_command(recipe, list(set_))
-            console.print(
-                command if isinstance(command, str) else shlex.join(str(c) for c in command),
-                markup=False,
-                soft_wrap=True,
-            )
+            typer.echo(command if isinstance(command, str) else shlex.join(str(c) for c in command))
             return
-        launch.launch(recipe, list(set_))
+        code = launch.launch(recipe, list(set_))
+        if code:
+            raise typer.Exit(code)
         return
     if engine != "local":
         raise UniAgentError(f"--engine {engine!r}: use local or verl")

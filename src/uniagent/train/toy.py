@@ -3,8 +3,10 @@
 Why this family exists: a 135M model almost never fixes a SWE bug, so a reward curve on the real
 suites stays flat at zero and shows nothing. Here the whole episode is one short model turn (a
 `finish` tool call in the parser's format), the verifier is an exact match of the answer, and the
-base SmolLM2-135M-Instruct gets it right often enough (see `configs/train_local.yaml`) that group
-advantages are non-zero and learning shows within tens of steps.
+base SmolLM2-135M-Instruct gets it right often enough that group advantages are non-zero and
+learning shows within tens of steps. Measured base rates (16 episodes each): single-digit
+additions 0% (it answers in prose), bare "call finish with X" 0% at T=1.0 and T=0.6, and these
+"reply with exactly this call" rows 19% at T=0.7, the setting `configs/train_local.yaml` uses.
 
 Rows (`tasks/toy.jsonl` next to this file, or any file whose rows carry `family: toy`):
 `{"instance_id": ..., "question": ..., "answer": ...}`. `generate_rows` makes the bundled file.
@@ -28,10 +30,34 @@ from uniagent.tasks.search import normalize_answer
 TOY_FILE = Path(__file__).parent / "tasks" / "toy.jsonl"
 
 SYSTEM = "You are a helpful assistant. You answer by calling the `finish` tool."
-USER = """{question}
+USER = "{question}"
 
-Reply with exactly this line, with the answer in place of ANSWER:
-<tool_call>{{"name": "finish", "arguments": {{"answer": "ANSWER"}}}}</tool_call>"""
+WORDS = [
+    "apple",
+    "banana",
+    "cherry",
+    "falcon",
+    "river",
+    "stone",
+    "cloud",
+    "maple",
+    "tiger",
+    "ocean",
+    "lemon",
+    "pepper",
+    "silver",
+    "candle",
+    "garden",
+    "rocket",
+    "planet",
+    "violet",
+    "winter",
+    "summer",
+    "copper",
+    "forest",
+    "island",
+    "mirror",
+]
 
 
 class ToyTask(Task):
@@ -60,24 +86,32 @@ class ToyTask(Task):
         return Reward(float(ok), ok, {"answer": given, "expected": self.answer})
 
 
-def generate_rows(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
-    """Single-digit additions: easy enough that the base model sometimes answers right."""
+def generate_rows(n: int = 48, seed: int = 0) -> list[dict[str, Any]]:
+    """ "Say the magic word" rows: the answer is in the question, so success is mostly the tool format.
+
+    That is the point of a toy: the base model sometimes writes a correct `finish` call and often
+    does not (extra prose, a wrong argument name, a paraphrased word), and RL visibly sharpens it.
+    """
     rng = random.Random(seed)
+    call = '<tool_call>{{"name": "finish", "arguments": {{"answer": "{a}"}}}}</tool_call>'
+    templates = [
+        "Reply with exactly this line:\n" + call.format(a="{w}"),
+        "The magic word is {w}. Reply with exactly this line, the magic word in place of WORD:\n"
+        + call.format(a="WORD"),
+    ]
     rows: list[dict[str, Any]] = []
-    seen: set[tuple[int, int]] = set()
-    while len(rows) < n:
-        a, b = rng.randint(1, 9), rng.randint(1, 9)
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
+    for i in range(n):
+        word = WORDS[i % len(WORDS)]
+        template = templates[(i // len(WORDS) + i) % len(templates)]
         rows.append(
             {
-                "instance_id": f"add-{a}-{b}",
+                "instance_id": f"word-{i:03d}",
                 "family": "toy",
-                "question": f"What is {a} + {b}?",
-                "answer": a + b,
+                "question": template.replace("{w}", word),
+                "answer": word,
             }
         )
+    rng.shuffle(rows)
     return rows
 
 
