@@ -28,6 +28,10 @@ How a step works, and why
    objective is verl's. Old logprobs are the engine's (`Trajectory.response_logprobs`); current
    logprobs come from one teacher-forced forward over prompt + response. The loss mask is the
    Trajectory's response mask, so context tokens (tool results, turn glue) get no gradient.
+   The engine's logprobs are the raw temperature-1 distribution, and so is the recompute: with
+   `model.temperature` below 1 the rollouts are mildly off-policy for the policy being optimised
+   (the PPO ratio still starts at 1; the clip bounds the drift). verl's GRPO gives a group of one
+   (its siblings all failed for infrastructure reasons) mean 0 and std 1, i.e. advantage = reward.
 4. **Update**: AdamW, global grad-norm clip. Generation and update never overlap: a step starts
    only after every rollout request has returned (checked against the engine's counters).
 """
