@@ -171,6 +171,9 @@ def run(
     limit: int | None = typer.Option(None, min=1, help="run only the first N tasks"),
     output: Path | None = typer.Option(None, help="run directory (store, exports)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --output"),
+    agent: str | None = typer.Option(
+        None, help="react (default) | mini-swe-agent[:CONFIG] (a black-box harness)"
+    ),
     backend: str | None = typer.Option(None, help="local | ray"),
     ray_address: str | None = typer.Option(None, help="Ray cluster address (backend ray)"),
     config: Path | None = typer.Option(None, "--config", help="a YAML run config"),
@@ -191,6 +194,7 @@ def run(
         "runner.output": str(output) if output else None,
         "runner.resume": True if resume else None,
         "runner.backend": backend,
+        "agent_kind": agent,
         "runner.ray_address": ray_address,
     }
     cfg = build_config(config, set_, flags)
