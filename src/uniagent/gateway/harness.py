@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from uniagent import sandbox as sandboxes
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
@@ -34,8 +33,8 @@ from uniagent.gateway.sessions import Session, SessionConfig
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task
+from uniagent.tasks.episode import failed_result, setup_episode
 from uniagent.tokens import ChatCodec
-from uniagent.tools import build_tools, install_tool_scripts
 
 log = logging.getLogger(__name__)
 
@@ -258,11 +257,6 @@ class HarnessGateway:
         return await run_harness_episode(self, task, model, agent, sandbox)
 
 
-def _failed(task: Task, reason: ExitReason, error: str, metrics: dict[str, Any]) -> EpisodeResult:
-    messages = task.messages() if reason != ExitReason.INTERNAL_ERROR else []
-    return EpisodeResult(messages, None, reason, None, metrics, error=error)
-
-
 async def run_harness_episode(
     harness: HarnessGateway,
     task: Task,
@@ -274,28 +268,22 @@ async def run_harness_episode(
     metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": harness.kind}
     t0 = time.perf_counter()
     if not all(hasattr(model, a) for a in ("sampling", "parser", "request_id")):
-        return _failed(
+        return failed_result(
             task,
             ExitReason.INTERNAL_ERROR,
             "harness episodes need a token-level model (TokenChatModel)",
             metrics,
         )
-    try:
-        sb = sandboxes.create(task.sandbox_config(sandbox))
-    except Exception as exc:
-        return _failed(task, ExitReason.INTERNAL_ERROR, f"sandbox config: {exc}", metrics)
+    ready = await setup_episode(task, sandbox, metrics)
+    task, sb = ready.task, ready.sandbox
     session: Session | None = None
     try:
+        if ready.failure is not None or sb is None:
+            return ready.failure  # type: ignore[return-value]
         try:
-            await sb.start()
-            metrics["sandbox_start_s"] = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            await task.setup(sb)
-            await install_tool_scripts(sb, build_tools(task.tools()))
             uname = await sb.exec("uname -s; uname -r; uname -v; uname -m", timeout=30)
-            metrics["setup_s"] = time.perf_counter() - t1
         except (SandboxError, OSError, TimeoutError) as exc:
-            return _failed(task, ExitReason.SANDBOX_DEAD, f"sandbox start/setup: {exc}", metrics)
+            return failed_result(task, ExitReason.SANDBOX_DEAD, f"sandbox start/setup: {exc}", metrics)
         sampling = model.sampling
         if agent.max_tokens_per_turn:
             sampling = sampling.model_copy(
@@ -320,11 +308,12 @@ async def run_harness_episode(
             session.reward = result.reward.value if result.reward else None
         return result
     except asyncio.CancelledError:
-        return _failed(task, ExitReason.CANCELLED, "cancelled", metrics)
+        return failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     finally:
         if session is not None:
             harness.gateway.sessions.close(session, "deleted")
-        await asyncio.shield(sb.stop())
+        if sb is not None:
+            await asyncio.shield(sb.stop())
         metrics["episode_s"] = time.perf_counter() - t0
 
 
