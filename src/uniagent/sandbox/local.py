@@ -152,13 +152,14 @@ class LocalSandbox(Sandbox):
             for f in MASKED_FILES:
                 if os.path.exists(f):
                     args += ["--ro-bind", "/dev/null", f]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
+        # After the private /tmp: an environment living under /tmp must not be hidden by it.
         extra = list(cfg.ro_binds)
         if cfg.host_python:
             extra += _python_prefixes()
         for p in extra:
             if os.path.exists(p):
                 args += ["--ro-bind", p, p]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
         args += ["--bind", str(self.workspace), self.workdir, "--ro-bind", str(self._ctl), CONTROL_MOUNT]
         args += ["--remount-ro", "/", "--chdir", self.workdir, "--clearenv"]
         for key, value in self._env().items():
