@@ -221,8 +221,13 @@ def test_update_is_seen_by_the_next_generation(trainer) -> None:
 
 
 def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
-    from uniagent.train.local import LocalTrainer
+    from uniagent.train.local import LocalTrainer, Sample
 
+    task = load_toy_tasks(limit=1)[0]
+    trajs = [_traj(5, [("model", 4)], s) for s in range(2)]
+    trainer.update(
+        [Sample(task, "g", _episode(t, float(i), ExitReason.FINISHED)) for i, t in enumerate(trajs)]
+    )
     trainer.step = 3
     trainer.rng.random()
     path = trainer.save()
