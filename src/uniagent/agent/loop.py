@@ -207,20 +207,26 @@ class AgentInteraction:
         return traj
 
     async def _verify(self, verifier: Verifier, sandbox: Sandbox, result: EpisodeResult) -> None:
-        t0 = time.perf_counter()
-        try:
-            result.reward = await asyncio.wait_for(verifier(sandbox, result), self.config.verifier_timeout_s)
-        except asyncio.CancelledError:
-            result.exit_reason, result.error = ExitReason.CANCELLED, "cancelled during verification"
-        except SandboxDeadError as exc:
-            result.exit_reason, result.error = ExitReason.SANDBOX_DEAD, f"during verification: {exc}"
-        except Exception as exc:
-            log.warning("verifier failed: %r", exc)
-            result.reward = None
-            result.exit_reason = ExitReason.VERIFIER_ERROR
-            result.error = f"verifier: {exc!r}"
-        finally:
-            result.metrics["verifier_s"] = time.perf_counter() - t0
+        await verify_episode(verifier, sandbox, result, self.config.verifier_timeout_s)
+
+
+async def verify_episode(verifier: Verifier, sandbox: Sandbox, result: EpisodeResult, timeout: float) -> None:
+    """Score the final state; a verifier that fails makes the episode untrainable, never zero.
+    Shared by every kind of agent (ReAct here, black-box harnesses through the gateway)."""
+    t0 = time.perf_counter()
+    try:
+        result.reward = await asyncio.wait_for(verifier(sandbox, result), timeout)
+    except asyncio.CancelledError:
+        result.exit_reason, result.error = ExitReason.CANCELLED, "cancelled during verification"
+    except SandboxDeadError as exc:
+        result.exit_reason, result.error = ExitReason.SANDBOX_DEAD, f"during verification: {exc}"
+    except Exception as exc:
+        log.warning("verifier failed: %r", exc)
+        result.reward = None
+        result.exit_reason = ExitReason.VERIFIER_ERROR
+        result.error = f"verifier: {exc!r}"
+    finally:
+        result.metrics["verifier_s"] = time.perf_counter() - t0
 
 
 class _ModelFailure(Exception):

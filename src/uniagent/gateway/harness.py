@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.loop import verify_episode
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
@@ -468,17 +469,4 @@ async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
 
 async def _verify(task: Task, sb: Sandbox, result: EpisodeResult, agent: AgentConfig) -> None:
     """The task's verifier in the sandbox, with the ReAct loop's failure semantics."""
-    t0 = time.perf_counter()
-    try:
-        result.reward = await asyncio.wait_for(task.score(sb, result), agent.verifier_timeout_s)
-    except asyncio.CancelledError:
-        result.exit_reason, result.error = ExitReason.CANCELLED, "cancelled during verification"
-    except SandboxDeadError as exc:
-        result.exit_reason, result.error = ExitReason.SANDBOX_DEAD, f"during verification: {exc}"
-    except Exception as exc:
-        log.warning("verifier failed: %r", exc)
-        result.reward = None
-        result.exit_reason = ExitReason.VERIFIER_ERROR
-        result.error = f"verifier: {exc!r}"
-    finally:
-        result.metrics["verifier_s"] = time.perf_counter() - t0
+    await verify_episode(task.score, sb, result, agent.verifier_timeout_s)

@@ -7,13 +7,15 @@ names it, never a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ModelConfig(BaseModel):
@@ -101,9 +103,10 @@ def set_dotted(data: dict[str, Any], key: str, raw: str) -> None:
         node[parts[-1]] = raw
 
 
-def build_config(
+def load_config_data(
     path: Path | None = None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
-) -> RunConfig:
+) -> dict[str, Any]:
+    """A YAML file (optional), then flags, then `KEY=VALUE` overrides, as one nested dict."""
     data: dict[str, Any] = {}
     if path is not None:
         if not Path(path).exists():
@@ -122,16 +125,30 @@ def build_config(
         if not sep:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         set_dotted(data, key.strip(), value)
+    return data
+
+
+def validate_config(model: type[M], data: dict[str, Any]) -> M:
+    """Validate; the first error becomes one line naming the key. A `sandbox` section is
+    checked against the sandbox union too."""
     try:
-        cfg = RunConfig.model_validate(data)
+        cfg = model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ConfigError(f"config {where}: {err['msg']}") from None
-    from uniagent.sandbox import parse_config
+    sandbox = getattr(cfg, "sandbox", None)
+    if sandbox is not None:
+        from uniagent.sandbox import parse_config
 
-    try:
-        parse_config(cfg.sandbox)
-    except ConfigError as exc:
-        raise ConfigError(f"config {exc}") from None
+        try:
+            parse_config(sandbox)
+        except ConfigError as exc:
+            raise ConfigError(f"config {exc}") from None
     return cfg
+
+
+def build_config(
+    path: Path | None = None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
+) -> RunConfig:
+    return validate_config(RunConfig, load_config_data(path, overrides, flags))

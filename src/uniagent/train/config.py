@@ -10,12 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
-from uniagent.errors import ConfigError
-from uniagent.runner.config import set_dotted
+from uniagent.runner.config import load_config_data, validate_config
 
 
 class TrainModelConfig(BaseModel):
@@ -97,31 +95,4 @@ class TrainConfig(BaseModel):
 
 def build_train_config(path: Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """YAML file (optional) then `KEY=VALUE` overrides, validated; errors name the bad key."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).exists():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping")
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        set_dotted(data, key.strip(), value)
-    try:
-        cfg = TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"config {where}: {err['msg']}") from None
-    from uniagent.sandbox import parse_config
-
-    try:
-        parse_config(cfg.sandbox)
-    except ConfigError as exc:
-        raise ConfigError(f"config {exc}") from None
-    return cfg
+    return validate_config(TrainConfig, load_config_data(path, overrides))
