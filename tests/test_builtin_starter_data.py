@@ -96,6 +96,8 @@ def _apply(repo: Path, patch: str, name: str) -> None:
 
 def _pytest(repo: Path, test_cmd: str) -> tuple[dict[str, str], str]:
     argv = shlex.split(test_cmd)
+    while argv and "=" in argv[0] and not argv[0].startswith("-"):
+        argv.pop(0)  # leading VAR=value assignments (the same ones _run sets)
     if argv[0] == "python":
         argv[0] = sys.executable
     proc = _run(argv, repo)
@@ -155,7 +157,8 @@ def test_row_fields(task_id):
     assert row["repo_dir"] == f"repos/{task_id}"
     assert (STARTER / row["repo_dir"] / "tests").is_dir()
     assert row["log_parser"] == "pytest"
-    assert row["test_cmd"].startswith("python -m pytest ") and " -rA" in row["test_cmd"]
+    assert row["test_cmd"].startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest ")
+    assert " -rA" in row["test_cmd"]
     assert row["difficulty"] in {"easy", "medium", "hard"}
     assert row["tags"] and all(isinstance(t, str) and t for t in row["tags"])
     f2p, p2p = row["FAIL_TO_PASS"], row["PASS_TO_PASS"]
