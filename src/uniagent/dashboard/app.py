@@ -29,7 +29,7 @@ from uniagent.runner.summary import summarize
 STORE_NAME = "run.db"
 COOKIE = "uniagent_dashboard_token"
 ASSETS = {"app.js", "style.css"}
-LIGHT_SORTS = {
+LIGHT_FIELDS = (
     "instance_id",
     "sample",
     "exit_reason",
@@ -41,8 +41,11 @@ LIGHT_SORTS = {
     "completion_tokens",
     "drift",
     "wall_s",
+    "attempts",
     "finished_at",
-}
+)
+"""The columns of the episodes table (no messages, no trajectory: those are per episode)."""
+LIGHT_SORTS = set(LIGHT_FIELDS) - {"attempts"}
 
 
 class DashboardError(UniAgentError):
@@ -194,22 +197,7 @@ def _sort_rows(rows: list[dict[str, Any]], sort: str, desc: bool) -> list[dict[s
 
 
 def _light(row: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "instance_id",
-        "sample",
-        "exit_reason",
-        "trainable",
-        "reward",
-        "resolved",
-        "turns",
-        "prompt_tokens",
-        "completion_tokens",
-        "drift",
-        "wall_s",
-        "attempts",
-        "finished_at",
-    )
-    out = {k: row.get(k) for k in keep}
+    out = {k: row.get(k) for k in LIGHT_FIELDS}
     out["error"] = (row.get("error") or "")[:300] or None
     return out
 
