@@ -12,6 +12,7 @@ import asyncio
 import base64
 import io
 import logging
+import secrets
 import tarfile
 import time
 from abc import ABC, abstractmethod
@@ -244,14 +245,19 @@ class Sandbox(ABC):
             return
         if not src.is_dir():
             raise SandboxError(f"upload source {src} does not exist")
-        bio = io.BytesIO()
-        with tarfile.open(fileobj=bio, mode="w:gz") as tar:
-            tar.add(src, arcname=".")
-        tmp = f"/tmp/.ua_upload_{id(bio)}.tgz"
-        await self.write_file(tmp, bio.getvalue())
+
+        def pack() -> bytes:
+            bio = io.BytesIO()
+            with tarfile.open(fileobj=bio, mode="w:gz") as tar:
+                tar.add(src, arcname=".")
+            return bio.getvalue()
+
+        tmp = f"/tmp/.ua_upload_{secrets.token_hex(6)}.tgz"
+        await self.write_file(tmp, await asyncio.to_thread(pack))
         d = quote(self._abs(dest))
         await self._checked(
-            f"mkdir -p -- {d} && tar -xzf {tmp} -C {d} && rm -f {tmp}", f"unpacking into {dest}"
+            f"(mkdir -p -- {d} && tar -xzf {tmp} -C {d}; rc=$?; rm -f {tmp}; exit $rc)",
+            f"unpacking into {dest}",
         )
 
     async def download(self, src: str, dest: str | Path) -> None:

@@ -646,6 +646,10 @@ class SweRexSandbox(Sandbox):
             raise SandboxError(f"{what} failed (exit {res.exit_code}): {err}")
         return res.stdout
 
+    async def _checked(self, command: str, what: str, timeout: float = 300) -> str:
+        """The base class's checked command, outside the sessions (upload uses it)."""
+        return await self._execute(command, what, timeout)
+
     async def _put(self, data: bytes, dest: str) -> None:
         """Write bytes to an absolute path through the multipart upload endpoint (binary-safe)."""
         with tempfile.TemporaryDirectory(prefix="uniagent-swerex-") as tmp:
@@ -672,29 +676,6 @@ class SweRexSandbox(Sandbox):
         await self._put(raw, dest)
         if mode is not None:
             await self._execute(f"chmod {mode:o} -- {quote(dest)}", f"chmod {path}")
-
-    async def upload(self, src: str | Path, dest: str) -> None:
-        """Copy a host file or directory to `dest` inside the sandbox (directories as tar.gz)."""
-        src = Path(src)
-        if src.is_file():
-            await self.write_file(dest, src.read_bytes(), mode=src.stat().st_mode & 0o777)
-            return
-        if not src.is_dir():
-            raise SandboxError(f"upload source {src} does not exist")
-
-        def pack() -> bytes:
-            bio = io.BytesIO()
-            with tarfile.open(fileobj=bio, mode="w:gz") as tar:
-                tar.add(src, arcname=".")
-            return bio.getvalue()
-
-        tmp = f"/tmp/.ua_upload_{secrets.token_hex(6)}.tgz"
-        await self._put(await asyncio.to_thread(pack), tmp)
-        d = quote(self._abs(dest))
-        await self._execute(
-            f"mkdir -p -- {d} && tar -xzf {tmp} -C {d}; rc=$?; rm -f {tmp}; exit $rc",
-            f"unpacking into {dest}",
-        )
 
     async def download(self, src: str, dest: str | Path) -> None:
         """Copy a file or directory from inside the sandbox to the host path `dest`."""
