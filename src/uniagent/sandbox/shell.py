@@ -192,7 +192,11 @@ class ShellSession:
             if not self.alive():
                 text += "\n[the shell was restarted; variables set before are gone]"
         elif state.get("eof"):
-            await self._kill_proc()
+            # The shell ended by itself: let asyncio's watcher collect its status. Signalling
+            # it now would make subprocess poll and reap it first, losing the exit code.
+            await self._close_pipes_and_wait(2.0)
+            if self.proc is not None and self.proc.returncode is None:
+                await self._kill_proc()
             code = self.proc.returncode if self.proc else None
             text += "\n[the shell exited; the next command starts a new shell]"
         return ExecResult(code, text, timed_out, bool(buf.dropped), duration, self.cwd)
@@ -256,16 +260,24 @@ class ShellSession:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        # Close our pipe ends now: a background process the command left behind may hold the
-        # other ends open for a long time, and `wait()` would wait for it too. (Only the pipes:
-        # closing the process transport would reap the child behind asyncio's watcher.)
+        await self._close_pipes_and_wait(5.0)
+
+    async def _close_pipes_and_wait(self, timeout: float) -> None:
+        """Close our pipe ends, then wait for the process to be collected.
+
+        A background process the command left behind may hold the other ends open for a long
+        time, and `wait()` would wait for it too. (Only the pipes: closing the process
+        transport would reap the child behind asyncio's watcher.)"""
+        proc = self.proc
+        if proc is None:
+            return
         for stream in (proc.stdin, proc.stdout):
             transport = getattr(stream, "transport", None) or getattr(stream, "_transport", None)
             if transport is not None:
                 with contextlib.suppress(Exception):
                     transport.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(proc.wait(), 5)
+            await asyncio.wait_for(proc.wait(), timeout)
 
     async def close(self, kill_tree: bool = True) -> None:
         """End the session. `kill_tree=False` when the whole sandbox is torn down anyway."""
