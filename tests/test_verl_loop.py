@@ -370,7 +370,10 @@ def test_untrainable_episode_gets_zero_mask(base_config, tokenizer, codec, data_
     for policy in ("zero", "keep"):
         engine = scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))})
         server = EngineServer(engine, by_instance, fail_on_call=2)
-        config = make_config(base_config, uniagent={"untrainable_mask": policy})
+        # a batch of one failed sample is all failures: the share check is off so the output shows
+        config = make_config(
+            base_config, uniagent={"untrainable_mask": policy, "max_infra_failure_share": 1.0}
+        )
         worker = make_worker(config, server, tokenizer)
         out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
         nt = out.non_tensor_batch
@@ -456,6 +459,111 @@ def test_agent_loop_yaml_is_what_verl_instantiates(base_config, tokenizer) -> No
         assert cfg.max_turns == 7, "the trainer config's uniagent: section overrides the YAML"
         assert cfg.max_context_tokens == 2048 + 4096
         assert loop.settings.sandbox["type"] == ("local" if entry.name == "uniagent" else "container")
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ({"sandbox": {"netwrok": True}}, "netwrok"),  # a misspelt sandbox key
+        ({"agent": {"max_turns": 0}}, "agent.max_turns"),  # a bad agent value
+        ({"agent": {"max_trns": 5}}, "max_trns"),
+        ({"parser": "hermez"}, "hermez"),
+        ({"max_infra_failure_share": 1.5}, "max_infra_failure_share"),
+    ],
+)
+def test_bad_settings_fail_before_any_episode(
+    base_config, tokenizer, codec, data_dir, section, named
+) -> None:
+    """A wrong uniagent setting is one ConfigError naming the key, raised when verl's worker builds
+    the loop (hydra wraps it in its InstantiationException): no model call, no episode (before, a
+    sandbox typo made every episode internal_error and verl trained on all-zero masks)."""
+    from uniagent.errors import ConfigError
+
+    engine = scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))})
+    server = EngineServer(engine, by_instance)
+    config = make_config(base_config, uniagent=section)
+    worker = make_worker(config, server, tokenizer)
+    with pytest.raises(Exception) as info:  # hydra wraps what the constructor raises
+        run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD, EMPTY]))
+    error: BaseException | None = info.value
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__cause__
+    assert isinstance(error, ConfigError), repr(info.value)
+    assert named in str(error) and "\n" not in str(error) and "verl agent loop 'uniagent'" in str(error)
+    assert str(error) in str(info.value), "verl's error shows the one line"
+    assert server.calls == []
+
+
+class FailingServer(EngineServer):
+    """FAKE server (as EngineServer) whose `generate` raises a bug-like error for some instances:
+    those episodes end in internal_error, an infrastructure failure."""
+
+    def __init__(self, engine: Any, failing: set[str]) -> None:
+        super().__init__(engine, by_instance)
+        self.failing = failing
+
+    async def generate(self, request_id: str, **kw: Any):
+        if request_id.split("#", 1)[0] in self.failing:
+            raise RuntimeError("scripted failure of the rollout path")
+        return await super().generate(request_id, **kw)
+
+
+def test_batch_with_too_many_infra_failures_stops_the_step(base_config, tokenizer, codec, data_dir) -> None:
+    """Two of three samples of a generate_sequences call end in internal_error: verl's worker raises
+    TrainingError naming the counts and the setting instead of returning a batch to train on. Two of
+    four (not more than the 0.5 default) is a batch like any other, failures masked out."""
+    from uniagent.errors import TrainingError
+
+    third, fourth = "intervals-001", "datespan-001"
+    submit = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+    scripts = {GOLD: gold_turns(starter(GOLD)), fourth: [submit]}
+    config = make_config(base_config)
+    server = FailingServer(scripted_engine(codec, scripts), {EMPTY, third})
+    worker = make_worker(config, server, tokenizer)
+    with pytest.raises(TrainingError) as info:
+        run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD, EMPTY, third]))
+    message = str(info.value)
+    assert "2 of 3 episodes are infrastructure failures (internal_error 2)" in message
+    assert "uniagent.max_infra_failure_share=0.5" in message and "scripted failure" in message
+
+    ids = [GOLD, EMPTY, third, fourth]
+    server = FailingServer(scripted_engine(codec, scripts), {EMPTY, third})
+    worker = make_worker(config, server, tokenizer)
+    out = run(worker, dataset_batch(data_dir, config, tokenizer, ids))
+    nt = out.non_tensor_batch
+    assert list(nt["exit_reason"]) == ["finished", "internal_error", "internal_error", "finished"]
+    assert out.batch["response_mask"][1:3].sum() == 0 and out.batch["response_mask"][0].sum() > 0
+
+    # the share is a setting: 0.25 stops the same batch
+    strict = make_config(base_config, uniagent={"max_infra_failure_share": 0.25})
+    worker = make_worker(strict, FailingServer(scripted_engine(codec, scripts), {EMPTY, third}), tokenizer)
+    with pytest.raises(TrainingError, match="2 of 4"):
+        run(worker, dataset_batch(data_dir, strict, tokenizer, ids))
+
+
+def test_verl_command_checks_uniagent_settings() -> None:
+    """`uniagent verl command` and `uniagent train --engine verl --print` check the command's
+    uniagent settings (agent-loop YAML plus +uniagent.* overrides) before printing anything."""
+    from typer.testing import CliRunner
+
+    from uniagent.cli import app
+    from uniagent.errors import ConfigError
+
+    bad = [
+        (["+uniagent.sandbox.netwrok=true"], "netwrok"),
+        (["+uniagent.agent.max_turns=0"], "agent.max_turns"),
+        (["++uniagent.agnet.max_turns=3"], "agnet"),
+    ]
+    for overrides, named in bad:
+        for args in (
+            ["verl", "command", "starter_grpo", *overrides],
+            ["train", "--engine", "verl", "--config", "starter_grpo", "--print", "--set", overrides[0]],
+        ):
+            result = CliRunner().invoke(app, args)
+            assert isinstance(result.exception, ConfigError), (args, result.output)
+            assert named in str(result.exception) and result.output == ""
+    ok = CliRunner().invoke(app, ["verl", "command", "swe_grpo", "+uniagent.agent.max_turns=20"])
+    assert ok.exit_code == 0 and "+uniagent.agent.max_turns=20" in ok.output
 
 
 def test_verl_engine_maps_finish_reasons() -> None:

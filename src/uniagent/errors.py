@@ -45,3 +45,7 @@ class SandboxDeadError(SandboxError):
 
 class ToolError(UniAgentError):
     """A tool is misconfigured (not a bad call by the model: that becomes an observation)."""
+
+
+class TrainingError(UniAgentError):
+    """A training step cannot go on honestly (e.g. most of its episodes failed for infrastructure reasons)."""

@@ -95,3 +95,26 @@ class EpisodeResult:
             "answer": self.answer,
             "error": self.error,
         }
+
+
+def check_infra_failures(
+    episodes: list[tuple[ExitReason, str | None]], max_share: float, setting: str, where: str = "the step"
+) -> None:
+    """Raise `TrainingError` when more than `max_share` of `episodes` (exit reason, error) ended in an
+    infrastructure failure. Why: dropping them and training on what is left hides a broken sandbox or
+    endpoint behind a run that looks healthy; the local trainer and the verl loop both call this."""
+    from uniagent.errors import TrainingError
+
+    failed = [(reason, error) for reason, error in episodes if not reason.trainable]
+    if not episodes or len(failed) <= max_share * len(episodes):
+        return
+    counts: dict[str, int] = {}
+    for reason, _ in failed:
+        counts[reason.value] = counts.get(reason.value, 0) + 1
+    by_reason = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    first = next((error for _, error in failed if error), None)
+    hint = f"; first error: {first.splitlines()[0][:200]}" if first else ""
+    raise TrainingError(
+        f"{where}: {len(failed)} of {len(episodes)} episodes are infrastructure failures ({by_reason}), "
+        f"more than {setting}={max_share:g}; fix the cause or raise {setting}{hint}"
+    )

@@ -31,6 +31,13 @@ def available_parsers() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def known_parser(name: str) -> str:
+    """`name` if a parser is registered under it, else ValueError (for config validators)."""
+    if _key(name) not in _FACTORIES:
+        raise ValueError(f"unknown tool parser {name!r}; known parsers: {', '.join(available_parsers())}")
+    return name
+
+
 def get_parser(name: str) -> ToolParser:
     """A fresh parser instance for `name` (case and `-`/`_` do not matter)."""
     factory = _FACTORIES.get(_key(name))

@@ -92,9 +92,14 @@ def resolve_overrides(recipe: dict[str, Any], overrides: list[str]) -> list[str]
 
 
 def build_command(recipe: str | Path, overrides: list[str]) -> list[str]:
-    """The exact `python -m verl...` command for `recipe` plus `overrides`."""
+    """The exact `python -m verl...` command for `recipe` plus `overrides`, its uniagent settings checked
+    (agent-loop YAML entries with the `uniagent.*` overrides applied) before anyone runs it."""
+    from uniagent.integrations.verl.settings import check_overrides
+
     data = load_recipe(recipe)
-    return [sys.executable, "-m", data["entrypoint"], *resolve_overrides(data, list(overrides))]
+    resolved = resolve_overrides(data, list(overrides))
+    check_overrides(resolved)
+    return [sys.executable, "-m", data["entrypoint"], *resolved]
 
 
 def launch(recipe: str | Path, overrides: list[str]) -> int:

@@ -17,20 +17,36 @@ Length rules (`episode_output`): the prompt is never cut from the head. A prompt
 at the head of the response as context (mask 0), so prompt + response is still exactly the token
 sequence the policy saw. The response is then cut at `rollout.response_length`, ids, mask and
 logprobs at the same index.
+
+Start-up checks (`settings.py`): the merged settings are validated in the constructor, the first
+uniagent code verl runs on a rollout worker, so a misspelt key fails the step with one line before
+the sample's episode starts (`uniagent verl command|launch` checks the same before launching).
+
+Infrastructure failures (`BatchGuard`): each `run` handles one sample, so the loop tracks the samples
+that verl's worker started together (one `generate_sequences` call gathers them in one event-loop
+turn) and, when the last of them ends, raises `TrainingError` if more than
+`max_infra_failure_share` of them ended in an untrainable exit reason. The exception leaves `run`,
+so verl's `asyncio.gather` in `AgentLoopWorker.generate_sequences` fails and so does the step
+(`main_ppo` with `trainer.use_v1=False`: the worker's chunk of the step; the fully-async rollouter:
+one prompt's group) instead of training on what is left. Under verl's V1 trainer
+(`trainer.use_v1=True`) workers fire and forget each prompt: verl logs the error and evicts that
+group, so there the check drops the group rather than stopping the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from uniagent.agent import AgentConfig, EpisodeResult
+from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
+from uniagent.agent.result import check_infra_failures
 from uniagent.integrations.verl.engine import VerlEngine
+from uniagent.integrations.verl.settings import UniAgentLoopSettings, merge_settings, validate_settings
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.models.base import SamplingParams
 from uniagent.models.token_chat import TokenChatModel
@@ -41,41 +57,62 @@ from uniagent.tokens import ChatCodec
 log = logging.getLogger(__name__)
 
 
-class UniAgentLoopSettings(BaseModel):
-    """What the agent-loop YAML entry (and the trainer config's `uniagent:` section) may set."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
-    agent: dict[str, Any] = Field(default_factory=dict, description="AgentConfig fields (budgets)")
-    parser: str = Field("hermes", description="tool-call format the policy writes")
-    native_tools: bool | None = Field(None, description="None: native when the template renders tools")
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="cap per model turn; default rollout.response_length"
-    )
-    untrainable_mask: Literal["zero", "keep"] = Field(
-        "zero", description="zero: infrastructure failures contribute no gradient (their mask is all 0)"
-    )
-    server_params: dict[str, Any] = Field(default_factory=dict, description="extra sampling keys for verl")
-    max_resumes: int = Field(50, ge=0, description="aborted turns resumed before model_error")
-    resume_delay_s: float = Field(1.0, ge=0.0)
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     return value
 
 
-def _settings(yaml_kwargs: dict[str, Any], trainer_config: Any) -> UniAgentLoopSettings:
-    merged = {k: _plain(v) for k, v in yaml_kwargs.items()}
+def _settings(yaml_kwargs: dict[str, Any], trainer_config: Any, entry: str) -> UniAgentLoopSettings:
     section = trainer_config.get("uniagent") if trainer_config is not None else None
-    for key, value in (_plain(section) or {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return UniAgentLoopSettings(**merged)
+    merged = merge_settings({k: _plain(v) for k, v in yaml_kwargs.items()}, _plain(section))
+    return validate_settings(merged, entry)
+
+
+class _Batch:
+    """Samples verl's worker started together, and how each ended."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.ended: list[tuple[ExitReason, str | None]] = []
+
+
+class BatchGuard:
+    """Groups the `run` calls that start in one event-loop turn (verl's worker creates a call's tasks
+    in one loop, so they all take their first step in the same turn) and checks each group's
+    infrastructure failures when its last sample ends. One per process: one per verl worker."""
+
+    def __init__(self) -> None:
+        self._joining: tuple[asyncio.AbstractEventLoop, _Batch] | None = None
+
+    async def join(self) -> _Batch:
+        loop = asyncio.get_running_loop()
+        if self._joining is None or self._joining[0] is not loop:
+            self._joining = (loop, _Batch())
+            loop.call_soon(self._seal, self._joining)
+        batch = self._joining[1]
+        batch.size += 1
+        await asyncio.sleep(0)  # the siblings join in this turn; the batch is sealed before we go on
+        return batch
+
+    def _seal(self, joining: tuple[asyncio.AbstractEventLoop, _Batch]) -> None:
+        if self._joining is joining:
+            self._joining = None
+
+    @staticmethod
+    def end(batch: _Batch, reason: ExitReason, error: str | None, max_share: float | None) -> None:
+        """Record one sample; the last one checks the batch (`max_share` None: no check)."""
+        batch.ended.append((reason, error))
+        if max_share is not None and len(batch.ended) == batch.size:
+            check_infra_failures(
+                batch.ended,
+                max_share,
+                "uniagent.max_infra_failure_share",
+                where=f"verl rollout batch of {batch.size} sample(s) on this agent-loop worker",
+            )
+
+
+GUARD = BatchGuard()
 
 
 class UniAgentLoop(AgentLoopBase):
@@ -85,10 +122,10 @@ class UniAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         yaml_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self._SETTING_KEYS}
-        kwargs.pop("name", None)  # the registry name hydra passes back from the YAML entry
+        entry = str(kwargs.pop("name", "uniagent"))  # the registry name hydra passes back from the YAML entry
         kwargs.pop("tools", None)  # verl's own tools; uniagent tasks bring theirs
         super().__init__(*args, **kwargs)
-        self.settings = _settings(yaml_kwargs, self.config)
+        self.settings = _settings(yaml_kwargs, self.config, entry)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.codec = ChatCodec(
@@ -97,7 +134,7 @@ class UniAgentLoop(AgentLoopBase):
 
     def agent_config(self) -> AgentConfig:
         """The episode's budgets; the context never exceeds what verl can hold for one sample."""
-        cfg = AgentConfig(**self.settings.agent)
+        cfg = self.settings.agent
         room = self.prompt_length + self.response_length
         limit = min(cfg.max_context_tokens or room, room)
         return cfg.model_copy(update={"max_context_tokens": limit})
@@ -113,6 +150,19 @@ class UniAgentLoop(AgentLoopBase):
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        batch = await GUARD.join()
+        try:
+            output = await self._run(sampling_params, **kwargs)
+        except BaseException as exc:  # it fails the step by itself; counted so the batch still completes
+            GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
+            raise
+        fields = output.extra_fields
+        GUARD.end(
+            batch, ExitReason(fields["exit_reason"]), fields["error"], self.settings.max_infra_failure_share
+        )
+        return output
+
+    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = spec_from_extra_info(kwargs.get("extra_info"))
         task = task_from_spec(spec)
         extra = {k: sampling_params[k] for k in ("repetition_penalty",) if sampling_params.get(k) is not None}

@@ -1,0 +1,144 @@
+"""What a verl run may set for uniagent, validated by the loader `uniagent run` uses.
+
+Settings reach `UniAgentLoop` from two places: the keys of its agent-loop YAML entry (hydra passes
+them as kwargs) and, overriding those, the trainer config's `uniagent:` section
+(`+uniagent.agent.max_turns=20`). Both are checked here, with `runner.config.validate_config` and
+the sandbox union, so a misspelt key is a one-line `ConfigError` naming it, never a run where
+every episode ends in `internal_error` and verl trains on all-zero masks.
+
+They are checked twice, as early as each path allows:
+
+- `uniagent verl command|launch` and `uniagent train --engine verl` check the command's agent-loop
+  YAML and its `uniagent.*` overrides before printing or launching anything (`check_overrides`);
+- verl's worker builds one `UniAgentLoop` per sample; its constructor checks the merged settings
+  before the sample's episode starts (`loop_settings`), which also covers a command typed by hand.
+
+verl is not imported here, so the CLI can check a command on a machine without verl.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from uniagent.agent.config import AgentConfig
+from uniagent.errors import ConfigError
+from uniagent.parsers.registry import known_parser
+from uniagent.runner.config import set_dotted, validate_config
+
+LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
+AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+# Keys a task row fills in for its own sandbox (`SweTask.sandbox_config` sets the row's image), so a
+# base config without them is complete enough to check.
+_ROW_FILLED = {"container": {"image": "row-image"}}
+
+
+class UniAgentLoopSettings(BaseModel):
+    """What the agent-loop YAML entry (and the trainer config's `uniagent:` section) may set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="the episode's budgets")
+    parser: str = Field("hermes", description="tool-call format the policy writes")
+    native_tools: bool | None = Field(None, description="None: native when the template renders tools")
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="cap per model turn; default rollout.response_length"
+    )
+    untrainable_mask: Literal["zero", "keep"] = Field(
+        "zero", description="zero: infrastructure failures contribute no gradient (their mask is all 0)"
+    )
+    max_infra_failure_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="a batch of a worker with more infrastructure failures than this share fails the step",
+    )
+    server_params: dict[str, Any] = Field(default_factory=dict, description="extra sampling keys for verl")
+    max_resumes: int = Field(50, ge=0, description="aborted turns resumed before model_error")
+    resume_delay_s: float = Field(1.0, ge=0.0)
+
+    @field_validator("parser")
+    @classmethod
+    def _parser(cls, name: str) -> str:
+        return known_parser(name)
+
+
+def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSettings:
+    """`merged` (YAML entry keys plus the `uniagent:` section) as settings, or one `ConfigError`."""
+    sandbox = merged.get("sandbox", {"type": "local"})
+    probe = dict(merged)
+    if isinstance(sandbox, dict):  # check it as a row will complete it
+        probe["sandbox"] = {**_ROW_FILLED.get(str(sandbox.get("type", "local")), {}), **sandbox}
+    try:
+        validate_config(UniAgentLoopSettings, probe)
+        return UniAgentLoopSettings.model_validate(merged)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"verl agent loop {entry!r}: {exc} (set in its agent-loop YAML entry or by +uniagent.* overrides)"
+        ) from None
+
+
+def merge_settings(yaml_kwargs: dict[str, Any], section: dict[str, Any] | None) -> dict[str, Any]:
+    """The YAML entry's keys with the trainer config's `uniagent:` section on top (dicts merge)."""
+    merged = dict(yaml_kwargs)
+    for key, value in (section or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _entry_kwargs(entry: dict[str, Any]) -> dict[str, Any]:
+    """An agent-loop YAML entry without what hydra and verl consume themselves."""
+    return {k: v for k, v in entry.items() if k not in ("_target_", "name")}
+
+
+def check_agent_loop_file(path: str | Path, section: dict[str, Any] | None) -> list[str]:
+    """Validate every `UniAgentLoop` entry of an agent-loop YAML with `section` applied; their names."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{AGENT_LOOP_KEY}: {file} does not exist")
+    try:
+        entries = yaml.safe_load(file.read_text()) or []
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{AGENT_LOOP_KEY}: {file} is not valid YAML: {exc}") from None
+    if not isinstance(entries, list):
+        raise ConfigError(f"{AGENT_LOOP_KEY}: {file} must hold a list of agent-loop entries")
+    checked = []
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("_target_") == LOOP_TARGET:
+            name = str(entry.get("name"))
+            validate_settings(merge_settings(_entry_kwargs(entry), section), name)
+            checked.append(name)
+    return checked
+
+
+def uniagent_section(overrides: list[str]) -> dict[str, Any]:
+    """The trainer config's `uniagent:` section that hydra overrides (`+uniagent.a.b=v`) build."""
+    section: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.lstrip("+")
+        if not sep or key.startswith("~") or not key.startswith("uniagent."):
+            continue
+        set_dotted(section, key.removeprefix("uniagent."), value)
+    return section
+
+
+def check_overrides(overrides: list[str]) -> list[str]:
+    """Check the uniagent settings a verl command passes (its agent-loop YAML plus `uniagent.*`)."""
+    section = uniagent_section(overrides)
+    paths = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == AGENT_LOOP_KEY]
+    if not paths:
+        if section:
+            raise ConfigError(
+                f"uniagent.* overrides are given but no {AGENT_LOOP_KEY}; "
+                "point it at uniagent's agent-loop YAML"
+            )
+        return []
+    return check_agent_loop_file(paths[-1], section)
