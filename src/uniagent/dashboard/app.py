@@ -22,7 +22,8 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from uniagent.errors import UniAgentError
-from uniagent.runner.redact import MASK, Redactor
+from uniagent.redact import MASK, Redactor, redact_logs
+from uniagent.runner.models import tokenizer_spec
 from uniagent.runner.store import RunStore
 from uniagent.runner.summary import summarize
 
@@ -91,10 +92,7 @@ class Run:
     def tokenizer_spec(self) -> str | None:
         """The tokenizer the run used, as `resolve_model` takes it (None: packaged SmolLM2)."""
         model = self.config().get("model") or {}
-        kind, _, arg = str(model.get("spec") or "local").partition(":")
-        if kind == "local":
-            return arg or None
-        return model.get("tokenizer") or None
+        return tokenizer_spec(str(model.get("spec") or "local"), model.get("tokenizer") or None)
 
     def light_rows(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -149,22 +147,12 @@ class TokenTexts:
 
 
 def redact_pieces(pieces: list[str], redactor: Redactor) -> list[str]:
-    """Mask every token that overlaps a secret found in the joined text (secrets span tokens)."""
-    pattern = getattr(redactor, "_pattern", None)
-    if pattern is None:
-        return pieces
-    text = "".join(pieces)
-    hits = [(m.start(), m.end()) for m in pattern.finditer(text)]
-    if not hits:
-        return pieces
-    out, pos = list(pieces), 0
-    for i, piece in enumerate(pieces):
-        start, end = pos, pos + len(piece)
-        pos = end
-        for a, b in hits:
-            if start < b and end > a:
-                out[i] = MASK if start <= a else ""
-                break
+    """Mask every token that overlaps a secret found in the joined text (secrets span tokens):
+    the first shows MASK, the rest nothing. Stores written before the runner knew a secret (or
+    by older versions) still hold its ids; this hides them on the way out."""
+    out = list(pieces)
+    for i, j in redactor.token_spans(pieces):
+        out[i:j] = [MASK] + [""] * (j - i - 1)
     return out
 
 
@@ -268,6 +256,7 @@ def annotate_calls(messages: list[dict[str, Any]], parser_name: str) -> list[dic
 def create_app(config: DashboardConfig) -> FastAPI:
     runs = [Run(i, d) for i, d in enumerate(config.run_dirs)]
     redactor = Redactor(extra=config.redact_extra)
+    redact_logs(redactor)
     texts = TokenTexts()
     static = resources.files("uniagent.dashboard") / "static"
 

@@ -3,7 +3,8 @@
 - `POST /sessions` creates a session (trusted sampling, context cap, tool-call format);
 - `POST /sessions/{id}/v1/chat/completions` is an OpenAI-compatible endpoint (tools, streaming),
   so any harness can use `base_url=<gateway>/sessions/{id}/v1`;
-- `GET /sessions/{id}/trajectories` returns one `Trajectory.to_dict()` per chain, drift included;
+- `GET /sessions/{id}/trajectories` returns one `Trajectory.to_dict()` per chain, drift included,
+  redacted: a secret's tokens replaced (`secret_redacted: true`, see `uniagent.redact`);
 - `POST /sessions/{id}/finalize` (with a reward) and `POST /sessions/{id}/abort` end a session.
 
 Every error is an OpenAI-style JSON body (`{"error": {"message", "type", "code", "param"}}`) with a
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uniagent.errors import EngineError, UniAgentError
 from uniagent.models.base import Generation, TokenEngine
 from uniagent.parsers.base import ToolSchemaError, normalize_tools
+from uniagent.redact import Redactor, redact_logs
 from uniagent.tokens import ChatCodec
 
 from .sessions import GatewayError, Plan, Session, SessionConfig, SessionManager, Turn, clean_message
@@ -94,10 +96,14 @@ class Gateway:
         idle_timeout_s: float = 1800.0,
         sweep_interval_s: float = 30.0,
         max_sessions: int = 10_000,
+        redactor: Redactor | None = None,
     ) -> None:
         self.engine = engine
         self.codec = codec
         self.token = token
+        # The environment's secrets (and the gateway's own token) never leave in a trajectory or a log.
+        self.redactor = redactor or Redactor(extra=[token] if token else None, tokenizer=codec)
+        redact_logs(self.redactor)
         self.model_name = model_name
         self.streaming = _streams(engine)
         self.sweep_interval_s = sweep_interval_s
@@ -246,7 +252,14 @@ class Gateway:
     async def _trajectories(self, session: Session) -> list[dict[str, Any]]:
         async with session.lock:
             trajs = await asyncio.to_thread(session.trajectories)
-        return [t.to_dict() for t in trajs]
+        return await asyncio.to_thread(lambda: [self._redacted(t.to_dict()) for t in trajs])
+
+    def _redacted(self, traj: dict[str, Any]) -> dict[str, Any]:
+        clean = self.redactor.trajectory(traj, self.codec)
+        if clean is None:  # a secret survived token-level replacement: no ids leave at all
+            empty = {"prompt_ids": [], "response_ids": [], "response_mask": [], "response_logprobs": []}
+            clean = {**traj, **empty, "spans": [], "drift": 0, "secret_redacted": True}
+        return clean
 
     # -- chat completions ----------------------------------------------------------------
     async def chat(self, sid: str, body: dict[str, Any]):

@@ -22,6 +22,12 @@ def episode_seed(seed: int, instance_id: str, sample: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def tokenizer_spec(spec: str, tokenizer: str | None = None) -> str | None:
+    """The tokenizer a model spec uses, as `resolve_model` takes it (None: packaged SmolLM2)."""
+    kind, _, arg = spec.partition(":")
+    return (arg or None) if kind == "local" else tokenizer
+
+
 class ModelFactory:
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -46,7 +52,7 @@ class ModelFactory:
             from uniagent.models.openai_chat import OpenAIChatModel  # noqa: F401 - fail early if missing
 
             return
-        tok_spec = self.arg or None if self.kind == "local" else self.config.tokenizer
+        tok_spec = tokenizer_spec(self.config.spec, self.config.tokenizer)
         self.codec = ChatCodec(load_tokenizer(resolve_model(tok_spec)))
         if self.kind == "local":
             from uniagent.models.local import LocalEngine

@@ -1,35 +1,31 @@
-"""Secrets never reach the store, the logs or the dashboard.
+"""The run's redactor: the environment's secrets plus the sandbox settings that name a token or
+key, with the run's tokenizer (loaded on first need) to redact trajectories at the token level.
 
-Values of environment variables whose names look secret (KEY, TOKEN, SECRET, PASSWORD,
-CREDENTIAL), and any extra values the run knows about, are replaced wherever they appear.
+The redactor itself lives in `uniagent.redact` (the gateway, below the runner, uses it too).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
-MASK = "[REDACTED]"
+from uniagent.redact import MASK, Redactor, redact_logs
+from uniagent.runner.config import RunConfig
+
+__all__ = ["MASK", "Redactor", "run_redactor"]
 
 
-class Redactor:
-    def __init__(self, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ if env is None else env)
-        values = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}
-        values |= {v for v in extra or [] if v and len(v) >= 4}
-        self.values = sorted(values, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(v) for v in self.values)) if self.values else None
+def run_redactor(config: RunConfig) -> Redactor:
+    """Also redacts this process's log records from now on."""
+    from uniagent.runner.models import tokenizer_spec
 
-    def text(self, s: str) -> str:
-        return self._pattern.sub(MASK, s) if self._pattern and s else s
+    secrets = [str(v) for k, v in config.sandbox.items() if "token" in k or "key" in k or "secret" in k]
+    spec = tokenizer_spec(config.model.spec, config.model.tokenizer)
 
-    def data(self, obj: Any) -> Any:
-        if isinstance(obj, str):
-            return self.text(obj)
-        if isinstance(obj, dict):
-            return {k: self.data(v) for k, v in obj.items()}
-        if isinstance(obj, list | tuple):
-            return [self.data(v) for v in obj]
-        return obj
+    def load() -> Any:
+        from uniagent.models.loading import load_tokenizer, resolve_model
+
+        return load_tokenizer(resolve_model(spec))
+
+    redactor = Redactor(extra=secrets, tokenizer=load)
+    redact_logs(redactor)
+    return redactor

@@ -23,7 +23,7 @@ from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError
 from uniagent.runner.config import RunConfig
 from uniagent.runner.models import ModelFactory
-from uniagent.runner.redact import Redactor
+from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.runner.summary import export
 from uniagent.sandbox.base import Sandbox
@@ -64,8 +64,7 @@ class Runner:
         self.config = config
         self.out = Path(config.runner.output)
         self.on_progress = on_progress
-        secrets = [str(v) for k, v in config.sandbox.items() if "token" in k or "key" in k or "secret" in k]
-        self.redactor = Redactor(extra=secrets)
+        self.redactor = run_redactor(config)
         self.progress: Progress | None = None
 
     # -- setup ---------------------------------------------------------------------------
@@ -165,7 +164,7 @@ class Runner:
             return  # not stored: a resumed run does it again
         if not trainable_model:
             result["trainable"] = False  # text-only endpoints give no token record to train on
-        row = episode_row(instance_id, sample, self.redactor.data(result))
+        row = episode_row(instance_id, sample, self.redactor.result(result))
         store.put(row)
         p = self.progress
         if p is not None:

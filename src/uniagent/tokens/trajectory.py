@@ -111,9 +111,10 @@ class Trajectory:
             pos = span.end
         if pos != n:
             raise TrajectoryError(f"spans cover {pos} of {n} response tokens")
-        model_spans = sum(1 for s in self.spans if s.kind == "model")
-        if model_spans > self.num_turns:
-            raise TrajectoryError(f"{model_spans} model spans but num_turns is {self.num_turns}")
+        # A model turn is one span, or several when a redacted secret cut it (uniagent.redact).
+        model_turns = len({s.turn for s in self.spans if s.kind == "model"})
+        if model_turns > self.num_turns:
+            raise TrajectoryError(f"{model_turns} model turns but num_turns is {self.num_turns}")
 
     # -- serialization --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -7,7 +7,9 @@ uniagent adds the whole task under `extra_info.uniagent_task` (see `spec.py`), s
 rebuilds the exact Task that `uniagent run` builds from the same file.
 
 The split is a seeded shuffle, so the same seed gives the same train/validation sets on every
-machine; files are written atomically (a crash never leaves half a parquet file behind).
+machine; files are written atomically (a crash never leaves half a parquet file behind). A task
+that holds a secret (the value of an environment variable named like a key or token, see
+`uniagent.redact`) is refused: a parquet file would keep it, and masking it would change the task.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.integrations.verl.spec import SPEC_KEY, encode_spec, task_spec
+from uniagent.redact import Redactor
 from uniagent.tasks.base import Task
 
 COLUMNS = ("data_source", "agent_name", "prompt", "ability", "reward_model", "extra_info")
@@ -106,6 +109,15 @@ def prepare(
         raise ConfigError(f"{tasks} holds no tasks")
     source = tasks if tasks.startswith("builtin:") else str(Path(tasks).resolve())
     train_idx, val_idx = split_indices(len(loaded), val_fraction=val_fraction, val_size=val_size, seed=seed)
+    redactor = Redactor()
+    for task in loaded:
+        row = verl_row(task, source, index=0, split="", agent_name="", data_source="")
+        if redactor.data(row) != row:
+            raise ConfigError(
+                f"task {task.instance_id} in {tasks} holds a secret (the value of an environment variable "
+                "named like KEY, TOKEN, SECRET or PASSWORD); take it out of the task file or unset the "
+                "variable: a parquet file would keep it"
+            )
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"tasks": tasks, "seed": seed}
