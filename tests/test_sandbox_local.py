@@ -7,6 +7,7 @@ workspace, reach a host port, fork-bomb, eat memory, leave a setsid daemon behin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -77,14 +78,16 @@ async def test_escape_read_secret_outside_workspace(tmp_path: Path) -> None:
                 r = await sb.exec(f"cat {p}")
                 assert r.exit_code != 0 and "TOP-SECRET" not in r.output and "escape battery" not in r.output
             # A symlink planted in the workspace must not make the host read or write its target.
+            # Refusing is fine; returning the host file (or quoting it in the error) is not.
             await sb.exec(f"ln -s {secret} leak; ln -s {home_secret} plant")
-            with pytest.raises(Exception):  # noqa: B017 - any error is fine, content is not
+            try:
                 data = await sb.read_file("leak")
-                assert b"TOP-SECRET" not in data
-                raise AssertionError("read through a dangling link")
-            with pytest.raises(Exception):  # noqa: B017
+            except Exception as exc:  # any refusal will do
+                data = str(exc).encode()
+            assert b"TOP-SECRET" not in data, "read the host file through a planted link"
+            with contextlib.suppress(Exception):  # any refusal will do
                 await sb.write_file("plant", b"overwritten")
-            assert home_secret.read_text() == "TOP-SECRET-VALUE"
+            assert home_secret.read_text() == "TOP-SECRET-VALUE", "wrote the host file through a planted link"
     finally:
         secret.unlink()
         home_secret.unlink()
