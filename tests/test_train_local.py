@@ -248,7 +248,88 @@ def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
         resumed.close()
 
 
+def test_step_with_too_many_infra_failures_stops_training(trainer, monkeypatch) -> None:
+    """After the rollouts, a step whose episodes are mostly infrastructure failures raises
+    TrainingError (counts per exit reason, the setting) and never reaches the update; one at or under
+    trainer.max_infra_failure_share trains on its trainable episodes. Episode results are made up
+    here: the rollout machinery is not what is tested."""
+    from uniagent.errors import TrainingError
+    from uniagent.train.local import METRICS, Sample
+
+    task = load_toy_tasks(limit=1)[0]
+    good = [_traj(5, [("model", 4)], s) for s in range(2)]
+
+    def failed(reason: ExitReason) -> EpisodeResult:
+        return EpisodeResult([], None, reason, None, error=f"{reason.value}: scripted\ndetails")
+
+    def step_with(results: list[EpisodeResult]) -> dict:
+        async def rollout(tasks):
+            return [Sample(task, "g", r) for r in results]
+
+        monkeypatch.setattr(trainer, "rollout", rollout)
+        return asyncio.run(trainer.train_step())
+
+    updates: list[int] = []
+    real_update = trainer.update
+    monkeypatch.setattr(
+        trainer, "update", lambda samples: updates.append(len(samples)) or real_update(samples)
+    )
+    rows_before = (trainer.out / METRICS).read_text().count("\n") if (trainer.out / METRICS).exists() else 0
+    step = trainer.step
+    bad = [
+        _episode(good[0], 1.0, ExitReason.FINISHED),
+        failed(ExitReason.INTERNAL_ERROR),
+        failed(ExitReason.INTERNAL_ERROR),
+        failed(ExitReason.SANDBOX_DEAD),
+    ]
+    with pytest.raises(TrainingError) as info:
+        step_with(bad)
+    message = str(info.value)
+    assert f"step {step + 1}: 3 of 4 episodes are infrastructure failures" in message
+    assert "internal_error 2, sandbox_dead 1" in message and "trainer.max_infra_failure_share=0.5" in message
+    assert "first error: internal_error: scripted" in message and "\n" not in message
+    assert updates == [] and trainer.step == step
+    assert (
+        (trainer.out / METRICS).read_text().count("\n") if (trainer.out / METRICS).exists() else 0
+    ) == rows_before
+
+    ok = [
+        _episode(good[0], 1.0, ExitReason.FINISHED),
+        _episode(good[1], 0.0, ExitReason.MAX_TURNS),
+        failed(ExitReason.MODEL_ERROR),
+        failed(ExitReason.VERIFIER_ERROR),
+    ]
+    row = step_with(ok)
+    assert updates == [4] and row["episodes_trained"] == 2 and row["untrainable"] == 2
+    assert trainer.step == step + 1
+
+
 # ----------------------------------------------------------------------------- config and CLI
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.parser=hermez", "model.parser"),
+        ("algo.adv_estimator=grop", "algo.adv_estimator"),
+        ("algo.loss_mode=vanila", "algo.loss_mode"),
+        ("algo.kl_loss_type=k9", "algo.kl_loss_type"),
+        ("trainer.max_infra_failure_share=1.5", "trainer.max_infra_failure_share"),
+    ],
+)
+def test_names_verl_resolves_late_are_checked_at_start(override: str, key: str) -> None:
+    """Settings the old trainer met only at the first update (verl's registries) or at the first
+    rollout (the parser) are one ConfigError naming the key when the config is built."""
+    with pytest.raises(ConfigError, match=rf"^config {key}: ") as info:
+        build_train_config(None, [override])
+    assert "\n" not in str(info.value)
+
+
+def test_names_verl_knows_are_accepted() -> None:
+    cfg = build_train_config(
+        None, ["algo.adv_estimator=rloo", "algo.loss_mode=gspo", "algo.kl_loss_type=k3+", "model.parser=xml"]
+    )
+    assert (cfg.algo.adv_estimator, cfg.algo.loss_mode, cfg.algo.kl_loss_type) == ("rloo", "gspo", "k3+")
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:

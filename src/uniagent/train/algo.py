@@ -102,6 +102,29 @@ def response_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return logp.gather(-1, batch.response_ids[:, :, None]).squeeze(-1)
 
 
+def check_name(key: str, name: str) -> str:
+    """`name` if verl resolves it as `key` (adv_estimator, loss_mode, kl_loss_type), else ValueError.
+    Asked of verl's own registries, so every estimator or loss verl adds is accepted as it is."""
+    from verl.trainer.ppo import core_algos
+
+    if key == "adv_estimator":
+        known = sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY)
+        ok = name in core_algos.ADV_ESTIMATOR_REGISTRY
+    elif key == "loss_mode":
+        known = sorted(core_algos.POLICY_LOSS_REGISTRY)
+        ok = name in core_algos.POLICY_LOSS_REGISTRY
+    else:
+        known = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "(any of them)+"]
+        try:
+            core_algos.kl_penalty(torch.zeros(1), torch.zeros(1), name)
+            ok = True
+        except NotImplementedError:
+            ok = False
+    if not ok:
+        raise ValueError(f"verl has no {key} {name!r}; known: {', '.join(known)}")
+    return name
+
+
 def outcome_rewards(rewards: list[float], response_mask: torch.Tensor) -> torch.Tensor:
     """verl's `token_level_rewards`: the episode reward on the last model token, zero elsewhere."""
     out = torch.zeros_like(response_mask, dtype=torch.float32)

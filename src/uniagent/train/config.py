@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from uniagent.agent.config import AgentConfig
+from uniagent.parsers.registry import known_parser
 from uniagent.runner.config import load_config_data, validate_config
 
 
@@ -28,6 +29,11 @@ class TrainModelConfig(BaseModel):
     device: str = "cpu"
     dtype: str = Field("float32", description="parameter dtype for training and rollouts")
 
+    @field_validator("parser")
+    @classmethod
+    def _parser(cls, name: str) -> str:
+        return known_parser(name)
+
 
 class TrainTasksConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,6 +42,13 @@ class TrainTasksConfig(BaseModel):
     family: str | None = None
     limit: int | None = Field(None, ge=1)
     ids: list[str] | None = None
+
+
+def algo_name(key: str, name: str) -> str:
+    """`name` if verl's core_algos knows it for `key`, else a ValueError listing what it knows."""
+    from uniagent.train import algo
+
+    return algo.check_name(key, name)
 
 
 class AlgoSection(BaseModel):
@@ -54,6 +67,22 @@ class AlgoSection(BaseModel):
         0.0, ge=0, description="> 0 keeps a frozen reference model (verl use_kl_loss)"
     )
     kl_loss_type: str = Field("low_var_kl", description="verl kl_penalty: kl/k1, abs, mse/k2, low_var_kl/k3")
+
+    # Names verl resolves only when the first update runs: checked here, before any rollout.
+    @field_validator("adv_estimator")
+    @classmethod
+    def _adv_estimator(cls, name: str) -> str:
+        return algo_name("adv_estimator", name)
+
+    @field_validator("loss_mode")
+    @classmethod
+    def _loss_mode(cls, name: str) -> str:
+        return algo_name("loss_mode", name)
+
+    @field_validator("kl_loss_type")
+    @classmethod
+    def _kl_loss_type(cls, name: str) -> str:
+        return algo_name("kl_loss_type", name)
 
 
 class OptimConfig(BaseModel):
@@ -79,6 +108,12 @@ class TrainerSection(BaseModel):
     seed: int = 0
     tensorboard: bool = Field(True, description="also log to OUTPUT/tensorboard when installed")
     wandb_project: str | None = Field(None, description="also log to this W&B project when installed")
+    max_infra_failure_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="a step whose episodes are infrastructure failures beyond this share stops training",
+    )
 
 
 class TrainConfig(BaseModel):

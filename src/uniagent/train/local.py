@@ -22,7 +22,9 @@ How a step works, and why
    is what the very next rollout samples from (no weight sync, no copy).
 2. **Groups**: `tasks_per_step` tasks, `group_size` samples each. Episodes whose exit reason is
    not trainable (sandbox died, engine failed, verifier crashed) are dropped before grouping:
-   an infrastructure failure is not a zero reward.
+   an infrastructure failure is not a zero reward. When more than
+   `trainer.max_infra_failure_share` of a step's episodes failed that way, training stops with a
+   `TrainingError` naming the counts per exit reason: the rest is no honest sample of the policy.
 3. **Advantages, policy loss, KL, aggregation** come from verl's `core_algos` by name
    (`algo.adv_estimator`, `algo.loss_mode`, `algo.loss_agg_mode`, `algo.kl_loss_type`), so the
    objective is verl's. Old logprobs are the engine's (`Trajectory.response_logprobs`); current
@@ -56,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from uniagent.agent.result import EpisodeResult
+from uniagent.agent.result import EpisodeResult, check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.tasks.base import Task
 from uniagent.train import algo
@@ -269,6 +271,12 @@ class LocalTrainer:
         t0 = time.perf_counter()
         before = self.engine.stats.generated_tokens
         samples = await self.rollout(self.pick_tasks())
+        check_infra_failures(
+            [(s.result.exit_reason, s.result.error) for s in samples],
+            self.cfg.trainer.max_infra_failure_share,
+            "trainer.max_infra_failure_share",
+            where=f"step {self.step + 1}",
+        )
         rollout_s = time.perf_counter() - t0
         generated = self.engine.stats.generated_tokens - before
         t1 = time.perf_counter()
