@@ -213,11 +213,13 @@ class Redactor:
             return [cache[i] for i in ids]
 
     def _leaks(self, tok: Any, prompt: list[int], response: list[int]) -> bool:
-        """Whether any decode of the ids shows a secret (the check an attacker would make)."""
-        for ids in (prompt + response, prompt, response):
-            for skip in (False, True):
-                if ids and self.found(tok.decode(ids, skip_special_tokens=skip)):
-                    return True
+        """Whether a decode of the ids shows a secret (the check an attacker would make): the
+        whole sequence, with and without special tokens (they could separate a secret's parts),
+        and the response alone."""
+        for ids, skip in ((prompt + response, False), (prompt + response, True), (response, False)):
+            text = tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            if ids and self.found(text):
+                return True
         return False
 
 
