@@ -202,19 +202,34 @@ def run(
 
 
 @app.command()
-def doctor() -> None:
-    """Report which engines and sandbox backends work on this machine, and why not."""
+def doctor(
+    model: list[str] = typer.Option(
+        [], "--model", help="also check this model: local:PATH or openai:URL (repeatable)"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="local models: tokenizer only, no weight load"),
+) -> None:
+    """Check, by using them, which engines and sandbox backends work here, and why not.
+
+    Exits 1 when the default path (the local model and the local sandbox) or a model given
+    with --model is broken; missing optional parts are warnings.
+    """
     from uniagent.doctor import run_checks
 
     table = Table(title="uniagent doctor")
     for col in ("component", "status", "detail"):
         table.add_column(col)
-    ok_all = True
-    for name, ok, detail in asyncio.run(run_checks()):
-        ok_all &= ok or ok is None
-        status = "[green]ok[/]" if ok else ("[yellow]n/a[/]" if ok is None else "[red]no[/]")
-        table.add_row(name, status, detail)
+    style = {"ok": "green", "FAIL": "bold red", "warn": "yellow", "n/a": "dim"}
+    checks = asyncio.run(run_checks(model, quick=quick))
+    for check in checks:
+        table.add_row(check.name, f"[{style[check.status]}]{check.status}[/]", check.detail)
     console.print(table)
+    failed = [c.name for c in checks if c.status == "FAIL"]
+    if failed:
+        console.print(f"[bold red]broken:[/] {', '.join(failed)}")
+        raise typer.Exit(1)
+    warned = sum(c.status == "warn" for c in checks)
+    note = f"; {warned} optional part(s) broken" if warned else ""
+    console.print(f"[green]the default path works[/]{note}")
 
 
 # Commands that live with their subsystem: each module has `register(app)`, and imports its

@@ -563,3 +563,33 @@ def _settle(request: _Request, outcome: Generation | BaseException) -> None:
 
     with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
         request.loop.call_soon_threadsafe(settle)
+
+
+async def doctor_check(spec: str | None = None, generate: bool = True) -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: the model loads (tokenizer with a usable chat template, weights) and
+    generates one token; `generate=False` stops after the tokenizer and its template (seconds
+    instead of a weight load). `spec` is what follows `local:` (None: the packaged SmolLM2)."""
+    import time
+
+    from uniagent.models.loading import load_tokenizer
+    from uniagent.tokens import ChatCodec
+
+    name = f"engine local ({spec or 'SmolLM2, packaged'})"
+    try:
+        began = time.perf_counter()
+        source = resolve_model(spec)
+        codec = ChatCodec(await asyncio.to_thread(load_tokenizer, source))
+        prompt = codec.prompt_ids([{"role": "user", "content": "Say hi."}])
+        if not generate:
+            return [(name, True, f"{source.name}: tokenizer and chat template load (weights not loaded)")]
+        engine = await LocalEngine.create(source)
+        try:
+            gen = await engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=1), "doctor")
+        finally:
+            await engine.aclose()
+        if len(gen.token_ids) != 1:
+            return [(name, False, f"asked for 1 token, got {len(gen.token_ids)}")]
+        took = time.perf_counter() - began
+        return [(name, True, f"{source.name}: loaded and generated 1 token in {took:.1f}s")]
+    except Exception as exc:
+        return [(name, False, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])]

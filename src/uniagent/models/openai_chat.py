@@ -237,3 +237,24 @@ class OpenAIChatModel:
             turn.format_error = "; ".join(problems)
         else:
             turn.tool_calls = calls
+
+
+async def doctor_check(
+    base_url: str, api_key_env: str = "OPENAI_API_KEY"
+) -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor --model openai:URL`: the endpoint answers an authenticated request
+    (`GET /models`, which costs no tokens), within 15 s and without retries."""
+    name = f"engine openai:{base_url}"
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=os.environ.get(api_key_env) or "none", timeout=15.0, max_retries=0
+    )
+    try:
+        models = [m.id async for m in client.models.list()]
+    except openai.APIStatusError as exc:
+        return [(name, False, f"HTTP {exc.status_code} from GET /models: {str(exc)[:160]}")]
+    except openai.APIError as exc:
+        return [(name, False, f"no answer: {type(exc).__name__}: {str(exc)[:160]}")]
+    finally:
+        await client.close()
+    key = "" if os.environ.get(api_key_env) else f"; {api_key_env} not set"
+    return [(name, True, f"answered; models: {', '.join(models[:5]) or 'none listed'}{key}")]

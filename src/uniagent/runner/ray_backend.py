@@ -86,3 +86,31 @@ async def run_on_ray(
     finally:
         for a in actors:
             ray.kill(a)
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: Ray imports and its version is one the installed verl accepts
+    (verl's own `ray` requirement). Ray is optional (`--backend ray`): not installed is `None`."""
+    import importlib.metadata as md
+    import importlib.util
+
+    name = "runner backend ray"
+    if importlib.util.find_spec("ray") is None:
+        return [(name, None, "not installed: pip install ray (or uniagent[verl])")]
+    try:
+        ray = await asyncio.to_thread(importlib.import_module, "ray")
+        version = str(ray.__version__)
+    except Exception as exc:
+        return [(name, False, f"import failed: {type(exc).__name__}: {str(exc)[:160]}")]
+    try:
+        from packaging.requirements import Requirement
+
+        wanted = [Requirement(r) for r in md.requires("verl") or []]
+    except md.PackageNotFoundError:
+        wanted = []
+    for req in wanted:
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an optional extra of verl's, not what it needs to run
+        if req.name == "ray" and not req.specifier.contains(version, prereleases=True):
+            return [(name, False, f"ray {version} installed; verl needs ray{req.specifier}")]
+    return [(name, True, f"ray {version}")]

@@ -277,3 +277,24 @@ class Sandbox(ABC):
                 tar.extractall(dest, filter="data")
         else:
             raise SandboxError(f"{src} does not exist in the sandbox")
+
+
+async def probe(sandbox: Sandbox, timeout_s: float = 60.0) -> tuple[bool, str]:
+    """Start `sandbox`, run one command in it and stop it: each backend's `uniagent doctor` check.
+
+    A backend counts as working only when a command really ran inside it, not when its
+    binary or SDK merely exists.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with sandbox as sb:
+                res = await sb.exec("echo uniagent-ok; id -un 2>/dev/null || id -u", timeout=20)
+                lines = res.output.split()
+                if res.exit_code != 0 or not lines or lines[0] != "uniagent-ok":
+                    return False, f"`echo` in the sandbox gave exit {res.exit_code}: {res.output[:160]!r}"
+                user = lines[1] if len(lines) > 1 else "?"
+                return True, f"ran a command as {user}; started in {sb.start_time_s or 0:.2f}s"
+    except TimeoutError:
+        return False, f"no command ran within {timeout_s:g}s"
+    except Exception as exc:
+        return False, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -625,3 +625,31 @@ async def reap_leaked(
         rm = ["rm", "-f", "-v", *(["-t", "0"] if runtime == "podman" else [])]
         await run_cli([cli, *rm, *leaked])
     return leaked
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: reach each installed runtime (docker/podman: the daemon or its
+    storage, through `info`; apptainer: its version). Not installed is `None`, not a failure."""
+    rows: list[tuple[str, bool | None, str]] = []
+    queries = {
+        "docker": ["info", "--format", "server {{.ServerVersion}}, {{.Driver}} storage"],
+        "podman": ["info", "--format", "podman {{.Version.Version}}, {{.Store.GraphDriverName}} storage"],
+        "apptainer": ["--version"],
+    }
+    for runtime, args in queries.items():
+        name = f"sandbox container ({runtime})"
+        exe = shutil.which(runtime) or (shutil.which("singularity") if runtime == "apptainer" else None)
+        if exe is None:
+            rows.append((name, None, f"{runtime} not installed"))
+            continue
+        try:
+            res = await run_cli([exe, *args], timeout=20)
+        except SandboxError as exc:
+            rows.append((name, False, str(exc)[:200]))
+            continue
+        if res.ok:
+            rows.append((name, True, res.out.decode(errors="replace").strip()[:200]))
+        else:
+            why = res.message().splitlines()[-1][:200]
+            rows.append((name, False, f"`{runtime} {args[0]}` failed: {why}"))
+    return rows

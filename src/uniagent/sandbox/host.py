@@ -56,3 +56,15 @@ class HostSandbox(Sandbox):
             return
         shell = find_with_arg(session.proc.pid, session.token, "bash") or session.proc.pid
         signal_descendants(shell, sig)
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: run a command on the host backend (opt-in, no isolation)."""
+    import tempfile
+
+    from uniagent.sandbox.base import probe
+
+    with tempfile.TemporaryDirectory(prefix="uniagent-doctor-") as workdir:
+        cfg = HostConfig(workdir=workdir, i_understand_there_is_no_isolation=True, start_retries=0)
+        ok, detail = await probe(HostSandbox(cfg))
+    return [("sandbox host (no isolation, opt-in)", ok, detail)]

@@ -359,3 +359,17 @@ class LocalSandbox(Sandbox):
         else:
             dest.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(shutil.copyfile, host, dest)
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: start a real bubblewrap sandbox and run a command in it."""
+    from uniagent.sandbox.base import probe
+
+    name = "sandbox local (bubblewrap)"
+    if shutil.which("bwrap") is None:
+        return [(name, False, "bwrap not found on PATH: apt-get install bubblewrap")]
+    sb = LocalSandbox(LocalConfig(start_retries=0, start_timeout_s=30))
+    ok, detail = await probe(sb)
+    if ok and sb._cgroup is not None and sb._cgroup.missing:
+        detail += f"; no cgroup for {', '.join(sb._cgroup.missing)} (limits fall back to rlimits)"
+    return [(name, ok, detail)]

@@ -353,3 +353,19 @@ def modal_process(proc: Any) -> PipeProcess:
         return await proc.wait.aio()
 
     return PipeProcess(send=send, close_stdin=close_stdin, chunks=chunks(), wait_exit=wait_exit)
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: with the SDK and credentials, start a Modal sandbox and run a command
+    (a few seconds of cloud time); without them, say what is missing (`None`: not set up)."""
+    from uniagent.sandbox.base import probe
+
+    name = "sandbox modal"
+    try:
+        modal = _import_modal()
+    except ConfigError:
+        return [(name, None, "SDK not installed: pip install 'uniagent[modal]'")]
+    if not _has_credentials(modal):
+        return [(name, None, "no credentials: modal token new (or MODAL_TOKEN_ID/MODAL_TOKEN_SECRET)")]
+    ok, detail = await probe(ModalSandbox(ModalConfig(start_retries=0, start_timeout_s=120)), 180)
+    return [(name, ok, detail)]

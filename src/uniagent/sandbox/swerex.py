@@ -88,7 +88,7 @@ _SESSION_SETUP = "set +H; export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PA
 _SERVER_BOOT = (
     "import sys\n"
     "token = sys.stdin.readline().strip()\n"
-    "sys.argv = ['swerex-remote', '--host', '127.0.0.1', '--port', sys.argv[1], '--auth-token', token]\n"
+    "sys.argv = ['swerex-remote', '--host', '127.0.0.1', '--port', sys.argv[1], '--auth-token=' + token]\n"
     "from swerex.server import main\n"
     "main()\n"
 )
@@ -700,3 +700,12 @@ class SweRexSandbox(Sandbox):
                 tar.extractall(dest, filter="data")
 
         await asyncio.to_thread(unpack)
+
+
+async def doctor_check() -> list[tuple[str, bool | None, str]]:
+    """`uniagent doctor`: start a SWE-ReX server in the default inner sandbox and run a command
+    through it."""
+    from uniagent.sandbox.base import probe
+
+    ok, detail = await probe(SweRexSandbox(SweRexConfig(start_retries=0, start_timeout_s=60)), 90)
+    return [("sandbox swerex (server in a local sandbox)", ok, detail)]
