@@ -89,11 +89,12 @@ def test_published_row_runs_in_its_image(tasks: dict[str, SweRebenchTask]) -> No
     assert t.sandbox_config(None) == {"type": "container", "image": image, "workdir": "/testbed"}
     assert t.sandbox_config({"type": "local", "limits": {"memory_mb": 2048}}) == {
         "type": "container",
+        "limits": {"memory_mb": 2048},
         "image": image,
         "workdir": "/testbed",
-    }, "a local base becomes the row's container"
+    }, "a local base becomes the row's container, with the user's settings"
     podman = t.sandbox_config({"type": "container", "runtime": "podman", "image": "mine:1"})
-    assert podman == {"type": "container", "runtime": "podman", "image": "mine:1", "workdir": "/testbed"}
+    assert podman == {"type": "container", "runtime": "podman", "image": image, "workdir": "/testbed"}
     assert t.test_cmd.endswith("pytest --continue-on-collection-errors -n0 -rA tests/test_slug.py")
     assert t.prelude.endswith("LANG=C.UTF-8 LC_ALL=C.UTF-8 pip install -e .")
     assert t.install_config["python"] == "3.11" and "pre_install" not in t.install_config, "nulls dropped"

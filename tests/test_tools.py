@@ -73,7 +73,7 @@ def test_schema_is_generated_from_the_args_model():
         "description": params["properties"]["insert_line"]["description"],
     }
     assert "title" not in json.dumps(params)
-    bash = BashTool(default_timeout_s=30, max_timeout_s=90).spec()["function"]
+    bash = BashTool(max_timeout_s=90).with_command_timeout(30).spec()["function"]
     assert bash["parameters"]["properties"]["timeout"]["type"] == "number"
     assert "default 30s" in bash["description"] and "at most 90s" in bash["description"]
     assert SubmitTool.parameters() == {"type": "object", "properties": {}, "additionalProperties": False}
@@ -145,7 +145,7 @@ def test_registry_errors_say_what_to_fix(specs, message):
 
 
 def test_bad_config_names_allowed_keys():
-    with pytest.raises(ToolError, match=r"allowed config keys: default_timeout_s, max_timeout_s, session"):
+    with pytest.raises(ToolError, match=r"allowed config keys: max_timeout_s, session"):
         get_tool("bash", time=3)
 
 
@@ -172,7 +172,7 @@ async def test_bash_no_output_and_empty_command(sb):
 
 
 async def test_bash_timeout_is_reported_and_capped(sb):
-    bash = BashTool(default_timeout_s=0.3, max_timeout_s=0.6)
+    bash = BashTool(max_timeout_s=0.6).with_command_timeout(0.3)
     res = await bash.call({"command": "echo started; sleep 30"}, sb)
     assert res.status == "timeout" and res.metadata["timed_out"]
     assert res.text.startswith("started\n") and "[the command timed out after 0.3s" in res.text

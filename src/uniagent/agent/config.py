@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uniagent.tools.base import DEFAULT_COMMAND_TIMEOUT_S
+
 
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -14,7 +16,13 @@ class AgentConfig(BaseModel):
     )
     max_tokens_per_turn: int | None = Field(None, ge=1, description="cap on one model turn")
     wall_time_s: float | None = Field(None, gt=0, description="whole-episode limit (timeout_budget)")
-    command_timeout_s: float = Field(60.0, gt=0, description="default per-command timeout for tools")
+    command_timeout_s: float = Field(
+        DEFAULT_COMMAND_TIMEOUT_S,
+        gt=0,
+        description="how long one command of the model may run, in every agent: the bash tool's "
+        "default (a call may ask for more, up to the tool's max_timeout_s), each str_replace_editor "
+        "operation, each command of a harness agent; past it the command is interrupted",
+    )
     timeout_budget: int = Field(
         5, ge=1, description="tool calls allowed to time out before the episode ends with timeout_budget"
     )

@@ -33,8 +33,10 @@ class AgentInteraction:
 
     def __init__(self, model: ChatModel, tools: list[Tool], config: AgentConfig | None = None) -> None:
         self.model = model
-        self.tools = {t.name: t for t in tools}
         self.config = config or AgentConfig()
+        # One setting bounds every command the model runs, whichever tool runs it.
+        tools = [t.with_command_timeout(self.config.command_timeout_s) for t in tools]
+        self.tools = {t.name: t for t in tools}
         self.specs = [t.spec() for t in tools]
 
     async def run(

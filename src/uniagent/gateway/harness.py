@@ -72,7 +72,7 @@ def _quiet_imports() -> None:
 class SandboxEnvironmentConfig(BaseModel):
     cwd: str = ""
     env: dict[str, str] = {}
-    timeout: int = 60
+    timeout: float = 60.0
 
 
 class SandboxEnvironment:
@@ -101,7 +101,7 @@ class SandboxEnvironment:
         self.timeouts = 0
         self.errors = 0
 
-    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+    def execute(self, action: dict, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
         from minisweagent.exceptions import LimitsExceeded
 
         command = action.get("command", "")
@@ -354,7 +354,7 @@ async def _run_mini(
         timeout_budget=agent_cfg.timeout_budget,
         cwd=sb.workdir,
         env={str(k): str(v) for k, v in (env_cfg.get("env") or {}).items()},
-        timeout=int(agent_cfg.command_timeout_s),
+        timeout=agent_cfg.command_timeout_s,  # not int(): 0.5 s is 0.5 s, not 0
     )
     agent_kwargs = {
         **(config.get("agent") or {}),

@@ -34,7 +34,6 @@ class _Common(BaseModel):
     workdir: str = Field("/workspace", description="the agent's working directory inside the sandbox")
     env: dict[str, str] = Field(default_factory=dict, description="set in every shell of the sandbox")
     limits: Limits = Field(default_factory=Limits)
-    default_timeout_s: float = Field(120.0, gt=0, description="per-command timeout when none is given")
     max_output_chars: int = Field(30_000, ge=200, description="observations are clipped to this")
     start_timeout_s: float = Field(120.0, gt=0)
     start_retries: int = Field(2, ge=0)
@@ -75,7 +74,7 @@ class ContainerConfig(_Common):
 
     type: Literal["container"] = "container"
     runtime: Literal["docker", "podman", "apptainer"] = "docker"
-    image: str
+    image: str | None = Field(None, description="the image to run; a task row's own image replaces it")
     pull: Literal["always", "missing", "never"] = "missing"
     network: bool = False
     run_args: list[str] = Field(default_factory=list, description="extra arguments for `run`")
@@ -113,6 +112,21 @@ DeployConfig = Annotated[
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(DeployConfig)
 
 
+_MODELS: dict[str, type[_Common]] = {
+    "local": LocalConfig,
+    "host": HostConfig,
+    "container": ContainerConfig,
+    "swerex": SweRexConfig,
+    "modal": ModalConfig,
+}
+_CONSENTS = frozenset({"i_understand_there_is_no_isolation"})
+"""Opt-ins to less isolation: meaningless (not wrong) on a backend that isolates."""
+_MOVED = {
+    "default_timeout_s": "a model's command timeout is `agent.command_timeout_s` (one setting for "
+    "every agent: the bash tool, str_replace_editor and harnesses); move the value there",
+}
+
+
 def parse_config(config: Any) -> LocalConfig | HostConfig | ContainerConfig | SweRexConfig | ModalConfig:
     """A config object, or a dict like `{"type": "local", ...}` (no `type`: local)."""
     if isinstance(config, BaseModel):
@@ -122,9 +136,82 @@ def parse_config(config: Any) -> LocalConfig | HostConfig | ContainerConfig | Sw
     if not isinstance(config, dict):
         raise ConfigError(f"sandbox config must be a mapping with a `type`, got {type(config).__name__}")
     data = {"type": "local", **config}
+    for key, why in _MOVED.items():
+        if key in data:
+            raise ConfigError(f"sandbox.{key} is no longer a setting: {why}")
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        loc = list(err["loc"])
+        if loc and loc[0] == data["type"]:
+            loc = loc[1:]  # the union's tag, not a key the user wrote
+        where = ".".join(str(p) for p in loc) or "type"
         raise ConfigError(f"sandbox.{where}: {err['msg']}") from None
+
+
+def _settings(config: Any) -> dict[str, Any]:
+    """What the user set, as a dict with its `type`: a model's explicitly set fields only, so
+    that a default of one backend never counts as a choice to carry elsewhere."""
+    if isinstance(config, BaseModel):
+        return {**config.model_dump(exclude_unset=True), "type": config.type}  # type: ignore[attr-defined]
+    parse_config(config)  # the user's own mistakes are named as such, before any move
+    return {"type": "local", **(config or {})}
+
+
+def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
+    """The user's sandbox settings moved onto backend `type`, with `fields` on top.
+
+    For a task whose environment dictates the backend (a row's image needs a container): every
+    setting the target backend has carries over (limits, env, network, timeouts, runtime...);
+    `fields` are what the task dictates and win. A setting the target has no way to honour (a
+    local `rootfs` on a container) is a ConfigError naming it, never silently dropped.
+    """
+    if type not in _MODELS:
+        raise ConfigError(f"unknown sandbox type {type!r}; known: {', '.join(_MODELS)}")
+    data = _settings(config)
+    source = data.pop("type")
+    target = _MODELS[type]
+    if source != type:
+        for key in list(data):
+            if key in _CONSENTS:
+                del data[key]
+            elif key not in target.model_fields:
+                why = f" for image {fields['image']}" if fields.get("image") else ""
+                raise ConfigError(
+                    f"sandbox.{key}: this task runs in a {type} sandbox{why}, which cannot honour "
+                    f"the {source} setting `{key}`; remove it from the sandbox config (or run "
+                    f"only tasks without an image)"
+                )
+    out = {**data, **fields, "type": type}
+    parse_config(out)
+    return out
+
+
+def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
+    """The sandbox for a task that must run in `image` with its project at `workdir`, keeping
+    the user's settings (see `retarget`). Backends without images (local, host) become a
+    container; container and modal keep their type; a SWE-ReX server uniagent starts runs in
+    its `inner` container. A running SWE-ReX server has its own environment, so it cannot."""
+    data = _settings(config)
+    kind = data["type"]
+    if kind in ("container", "modal"):
+        return retarget(data, kind, image=image, workdir=workdir)
+    if kind != "swerex":
+        return retarget(data, "container", image=image, workdir=workdir)
+    if data.get("url"):
+        raise ConfigError(
+            f"sandbox.url: this task runs in image {image}, but a running SWE-ReX server has its "
+            "own environment; unset `url` and give `inner: {type: container, network: true, "
+            "run_args: [--network, host]}` so that uniagent starts the server in the image"
+        )
+    inner = data.get("inner") or {}
+    if inner.get("type") != "container":
+        raise ConfigError(
+            f"sandbox.inner: this task runs in image {image}; a SWE-ReX server uniagent starts runs "
+            "in the image only inside a container: set `inner: {type: container, network: true, "
+            "run_args: [--network, host]}` (the image needs `swe-rex` installed)"
+        )
+    return retarget(
+        data, "swerex", inner=retarget(inner, "container", image=image, workdir=workdir), workdir=workdir
+    )

@@ -18,6 +18,7 @@ from typing import Any
 from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import image_config
 from uniagent.tasks import repo
 from uniagent.tasks.base import SYSTEM_PROMPT, Task
 from uniagent.tasks.loading import json_list
@@ -120,14 +121,15 @@ class SweTask(Task):
 
     # -- environment ---------------------------------------------------------------------
     def sandbox_config(self, base: dict[str, Any] | None) -> dict[str, Any]:
-        cfg = dict(base or {"type": "local"})
+        """A row with an image runs in it, with the user's settings (limits, env, network,
+        timeouts, runtime) kept; the image and its project directory come from the row."""
         image = self.row.get("image")
-        if image:
-            if cfg.get("type", "local") in ("local", "host"):
-                cfg = {"type": "container"}
-            cfg.setdefault("image", image)
-            cfg.setdefault("workdir", self.row.get("workdir", "/testbed"))
-        return cfg
+        if not image:
+            return dict(base or {"type": "local"})
+        try:
+            return image_config(base, str(image), str(self.row.get("workdir") or "/testbed"))
+        except ConfigError as exc:
+            raise ConfigError(f"{self.instance_id}: {exc}") from None
 
     def repo_path(self) -> Path | None:
         rd = self.row.get("repo_dir")

@@ -8,11 +8,12 @@ a misconfigured tool (`ToolError`) or a dead sandbox (`SandboxError`).
 
 from __future__ import annotations
 
+import copy
 import json
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +21,10 @@ from uniagent.errors import ToolError
 from uniagent.sandbox.base import Sandbox
 
 Status = Literal["ok", "error", "timeout"]
+
+DEFAULT_COMMAND_TIMEOUT_S = 60.0
+"""Seconds one command of the model may run when no agent says otherwise: the default of
+`agent.command_timeout_s`, the one setting for this in every agent."""
 
 
 @dataclass
@@ -99,6 +104,9 @@ class Tool(ABC):
     description: ClassVar[str]
     Args: ClassVar[type[BaseModel]] = NoArgs
     Config: ClassVar[type[BaseModel]] = NoConfig
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+    """How long one command of this tool may run: the agent's `command_timeout_s`, set with
+    `with_command_timeout` by the agent that runs the tool (tools that run commands read it)."""
 
     def __init__(self, **config: Any) -> None:
         try:
@@ -111,6 +119,12 @@ class Tool(ABC):
             raise ToolError(
                 f"tool {self.name!r} config: {problems} (allowed config keys: {allowed})"
             ) from None
+
+    def with_command_timeout(self, seconds: float) -> Self:
+        """This tool with the agent's per-command timeout (a copy: an instance may be shared)."""
+        tool = copy.copy(self)
+        tool.command_timeout_s = seconds
+        return tool
 
     # -- schema --------------------------------------------------------------------------
     @classmethod

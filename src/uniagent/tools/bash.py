@@ -21,12 +21,13 @@ class BashArgs(BaseModel):
 
 
 class BashConfig(BaseModel):
+    """The timeout of a call without `timeout` is the agent's `command_timeout_s`, not a tool key."""
+
     model_config = ConfigDict(extra="forbid")
 
-    default_timeout_s: float | None = Field(
-        None, gt=0, description="per-call timeout when the model gives none; unset: the sandbox's default"
+    max_timeout_s: float = Field(
+        600.0, gt=0, description="the largest timeout the model may ask for (never below the agent's)"
     )
-    max_timeout_s: float = Field(600.0, gt=0, description="the largest timeout the model may ask for")
     session: str = Field("default", description="the sandbox shell session commands run in")
 
 
@@ -40,15 +41,15 @@ class BashTool(Tool):
     Config = BashConfig
     config: BashConfig
 
-    def _default_timeout(self, sandbox: Sandbox | None) -> float | None:
-        if self.config.default_timeout_s is not None:
-            return self.config.default_timeout_s
-        return sandbox.config.default_timeout_s if sandbox is not None else None
+    @property
+    def max_timeout_s(self) -> float:
+        return max(self.config.max_timeout_s, self.command_timeout_s)
 
     def describe(self) -> str:
-        default = self.config.default_timeout_s
-        limits = f"default {default:g}s, " if default is not None else ""
-        return f"{self.description} Timeout: {limits}at most {self.config.max_timeout_s:g}s per call."
+        return (
+            f"{self.description} Timeout: default {self.command_timeout_s:g}s, "
+            f"at most {self.max_timeout_s:g}s per call."
+        )
 
     async def run(self, args: BashArgs, sandbox: Sandbox) -> ToolResult:
         if not args.command.strip():
@@ -56,11 +57,11 @@ class BashTool(Tool):
                 "The command is empty. Pass a bash command line in `command`, e.g. `ls -la`.", status="error"
             )
         notes: list[str] = []
-        timeout = args.timeout if args.timeout is not None else self._default_timeout(sandbox)
-        if timeout is not None and timeout > self.config.max_timeout_s:
-            cap = self.config.max_timeout_s
+        timeout = args.timeout if args.timeout is not None else self.command_timeout_s
+        if timeout > self.max_timeout_s:
+            cap = self.max_timeout_s
             notes.append(f"[timeout {timeout:g}s is above the maximum; the command ran with {cap:g}s]")
-            timeout = self.config.max_timeout_s
+            timeout = cap
         res = await sandbox.exec(args.command, timeout=timeout, session=self.config.session)
         text = res.output.strip("\n")
         status: Status = "ok"
@@ -68,7 +69,7 @@ class BashTool(Tool):
             status = "timeout"
             # The sandbox has already said that it timed out; say what to do about it.
             notes.append(
-                f"[If it needs longer, pass a larger `timeout` (at most {self.config.max_timeout_s:g}s) or "
+                f"[If it needs longer, pass a larger `timeout` (at most {self.max_timeout_s:g}s) or "
                 "run it in the background, e.g. `cmd > out.log 2>&1 &`, and check the log later.]"
             )
         elif res.exit_code not in (0, None):

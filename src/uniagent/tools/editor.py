@@ -67,7 +67,6 @@ class EditorArgs(BaseModel):
 class EditorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(60.0, gt=0)
     max_view_chars: int = Field(16_000, ge=1000, description="longer views are clipped, with a note")
 
 
@@ -94,7 +93,7 @@ class EditorTool(Tool):
         for attempt in range(2):
             path = await self.ensure_script(sandbox, force=attempt > 0)
             res = await sandbox.exec(
-                await self._command(path, request, sandbox), timeout=self.config.timeout_s, session="_tools"
+                await self._command(path, request, sandbox), timeout=self.command_timeout_s, session="_tools"
             )
             if _MISSING not in res.output:
                 break
