@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import io
 import logging
 import secrets
 import tarfile
 import time
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -28,6 +31,49 @@ log = logging.getLogger(__name__)
 # Bytes per shell command when files travel through the shell (base64 inflates by 4/3).
 _CHUNK = 1 << 18
 
+EXEC_TIMEOUT_S = 120.0
+"""`exec` without a timeout (code driving a sandbox). A model's commands are bounded by
+`agent.command_timeout_s`, which its tools pass explicitly."""
+
+_starting: contextvars.ContextVar[bool] = contextvars.ContextVar("uniagent_sandbox_starting", default=False)
+"""True inside a start that holds a start slot: a sandbox started as part of it (a SWE-ReX
+server's inner sandbox) runs in that slot instead of waiting for a second one, which with one
+slot would never come."""
+
+
+class StartSlots:
+    """At most `n` sandbox starts at once, over every backend.
+
+    An asyncio.Semaphore binds to the event loop it first waits on, so one semaphore is kept per
+    running loop: a process that runs several loops (tests, a trainer's worker threads) gets the
+    same bound in each instead of a "bound to a different event loop" error.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._sems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _sem(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(loop)
+        if sem is None:
+            sem = self._sems[loop] = asyncio.Semaphore(self.n)
+        return sem
+
+    async def run(self, start: Callable[[], Awaitable[None]]) -> None:
+        """Await `start()` in a slot, or in the caller's slot when this start is nested in one."""
+        if _starting.get():
+            await start()
+            return
+        async with self._sem():
+            token = _starting.set(True)
+            try:
+                await start()
+            finally:
+                _starting.reset(token)
+
 
 class Sandbox(ABC):
     """Where an episode's commands run. Unstarted when built; `async with` starts and stops it."""
@@ -35,8 +81,8 @@ class Sandbox(ABC):
     kind: ClassVar[str] = "?"
     kill_trees_on_stop: ClassVar[bool] = False
     """True where stopping the backend does not by itself kill every process (host)."""
-    start_slots: ClassVar[asyncio.Semaphore | None] = None
-    """Bounds concurrent starts per backend class (set with `set_start_concurrency`)."""
+    start_slots: ClassVar[StartSlots | None] = None
+    """Bounds concurrent starts over all backends (set with `set_start_concurrency`)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -86,8 +132,9 @@ class Sandbox(ABC):
 
     # -- lifecycle -----------------------------------------------------------------------
     @classmethod
-    def set_start_concurrency(cls, n: int) -> None:
-        cls.start_slots = asyncio.Semaphore(n)
+    def set_start_concurrency(cls, n: int | None) -> None:
+        """At most `n` starts at once (`None`: unbounded); nested starts share their outer slot."""
+        Sandbox.start_slots = StartSlots(n) if n else None
 
     async def start(self) -> None:
         if self._started:
@@ -98,10 +145,9 @@ class Sandbox(ABC):
         for attempt in range(cfg.start_retries + 1):
             try:
                 if self.start_slots is not None:
-                    async with self.start_slots:
-                        await asyncio.wait_for(self._start_and_probe(), cfg.start_timeout_s)
+                    await self.start_slots.run(self._start_with_timeout)
                 else:
-                    await asyncio.wait_for(self._start_and_probe(), cfg.start_timeout_s)
+                    await self._start_with_timeout()
                 self._started = True
                 self.start_time_s = time.perf_counter() - began
                 self._arm_watchdog()
@@ -115,6 +161,9 @@ class Sandbox(ABC):
         raise SandboxStartError(
             f"could not start the {self.kind} sandbox after {cfg.start_retries + 1} attempts: {last}"
         ) from last
+
+    async def _start_with_timeout(self) -> None:
+        await asyncio.wait_for(self._start_and_probe(), self.config.start_timeout_s)
 
     async def _start_and_probe(self) -> None:
         await self._start()
@@ -198,7 +247,7 @@ class Sandbox(ABC):
             raise SandboxDeadError(f"the {self.kind} sandbox is not running (start it first)")
         sess = await self.session(session)
         limit = self.config.max_output_chars if max_output == -1 else max_output
-        t = self.config.default_timeout_s if timeout is None else timeout
+        t = EXEC_TIMEOUT_S if timeout is None else timeout
         try:
             result = await sess.run(wrap_cwd_env(command, cwd, env), t, limit)
         except SandboxDeadError:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
+from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import ContainerConfig
 from uniagent.sandbox.procs import quote
@@ -153,6 +153,10 @@ class ContainerSandbox(Sandbox):
     kind = "container"
 
     def __init__(self, config: ContainerConfig) -> None:
+        if not config.image:
+            raise ConfigError(
+                "sandbox.image: a container sandbox needs an image; set it, or run tasks whose rows name one"
+            )
         super().__init__(config)
         self.config: ContainerConfig = config
         self.runtime = config.runtime
