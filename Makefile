@@ -46,7 +46,7 @@ demo: setup system-deps
 
 test: setup system-deps
 	$(VENV)/bin/ruff check src tests bench
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

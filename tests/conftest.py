@@ -1,14 +1,111 @@
-"""Shared fixtures: the real SmolLM2 tokenizer and model, loaded once per test session."""
+"""Shared fixtures (the real SmolLM2 tokenizer and model, loaded once per test session) and the
+one skip policy of the suite.
+
+Skip policy: a test whose real part (bubblewrap, a container runtime, Chromium, verl, the
+shared chat templates, ...) is missing on this machine skips with the reason, through
+`require` / `needs` / `require_module` below. Under `CI=true` the same call fails the test
+instead, naming the part: CI must never pass by testing less. Parts that cannot exist on the
+CI machine (Modal credentials, apptainer) use `pytest.skip` directly and say why.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
+import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from uniagent.models.loading import load_tokenizer, smollm2_source
 
-SHARED_TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "chat_templates"
+REPO = Path(__file__).resolve().parents[1]
+CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _shared_dir() -> Path:
+    """The project's shared/ folder: UNIAGENT_SHARED_DIR, else beside the checkout (../shared),
+    else inside it (a copied tree), else in any folder above it (a clone under /tmp/x/y)."""
+    if os.environ.get("UNIAGENT_SHARED_DIR"):
+        return Path(os.environ["UNIAGENT_SHARED_DIR"])
+    candidates = [REPO.parent / "shared", REPO / "shared", *(p / "shared" for p in REPO.parents[1:])]
+    for candidate in candidates:
+        if (candidate / "chat_templates").is_dir():
+            return candidate
+    return REPO.parent / "shared"
+
+
+SHARED_TEMPLATES = _shared_dir() / "chat_templates"
+
+
+def require(part: str, available: bool, why: str) -> None:
+    """Skip the running test when `part` is missing here; under CI=true fail it, naming the part."""
+    if available:
+        return
+    if CI:
+        pytest.fail(f"CI=true but {part} is missing: {why}", pytrace=False)
+    pytest.skip(f"{part} is missing: {why}", allow_module_level=True)
+
+
+def needs(part: str, available: bool, why: str) -> pytest.MarkDecorator:
+    """`require` as a mark, for a module's `pytestmark` or one test."""
+    return pytest.mark.needs(part=part, available=available, why=why)
+
+
+def require_module(name: str, why: str) -> ModuleType:
+    """`pytest.importorskip` under the same policy (at module level a CI failure is a
+    collection error that names the module)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        require(f"Python module {name}", False, f"{why} ({exc})")
+        raise  # not reached: require skipped or failed
+
+
+needs_bwrap = needs(
+    "bubblewrap", shutil.which("bwrap") is not None, "apt-get install bubblewrap (the local sandbox)"
+)
+
+
+# Parts where any one member suffices (docker or podman): recorded per member, and under CI the
+# session fails when none of a group's members was available.
+_GROUPS: dict[str, dict[str, str | None]] = {}
+
+
+def require_one_of(group: str, member: str, available: bool, why: str) -> None:
+    """Skip when `member` is missing; CI fails the session at its end if no member of `group` ran."""
+    _GROUPS.setdefault(group, {})[member] = None if available else why
+    if not available:
+        pytest.skip(f"{member} is missing: {why} ({group}: one is enough)", allow_module_level=True)
+
+
+def missing_groups() -> list[str]:
+    return [
+        f"{group}: " + "; ".join(f"{m}: {why}" for m, why in members.items())
+        for group, members in _GROUPS.items()
+        if members and all(why is not None for why in members.values())
+    ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(part, available, why): a real part this test uses")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        require(**mark.kwargs)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if CI and missing_groups() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    for line in missing_groups():
+        prefix = "CI=true but none of" if CI else "none available of"
+        terminalreporter.write_line(f"{prefix} {line}", red=CI, yellow=not CI)
 
 
 @pytest.fixture(scope="session")

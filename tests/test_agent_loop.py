@@ -3,12 +3,12 @@ bubblewrap sandboxes, the real swebench grader. One test per way an episode can 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from agent_helpers import call, make_swe_task_file, scripted_model
+from conftest import needs_bwrap
 from test_openai_chat import SECRET, endpoint, server  # noqa: F401 - fixtures: a stand-in endpoint
 from test_openai_chat import model as oa_model
 from uniagent.agent import AgentConfig, ExitReason, Reward
@@ -16,7 +16,7 @@ from uniagent.tasks import load_tasks, run_episode
 from uniagent.tasks.swe import SweTask
 from uniagent.tokens import ChatCodec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 
 FIX = [
     call("bash", command="cat calc.py"),

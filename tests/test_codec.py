@@ -6,13 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SHARED_TEMPLATES
+from conftest import SHARED_TEMPLATES, needs, require
 from tokens_sim import TOOLS, conversation, load_templates, simulate, tokenizer_for
 from uniagent.errors import TemplateError
 from uniagent.tokens import ChatCodec
 
 TEMPLATES = load_templates(SHARED_TEMPLATES) if SHARED_TEMPLATES.is_dir() else {}
-needs_templates = pytest.mark.skipif(not TEMPLATES, reason=f"{SHARED_TEMPLATES} not present")
+WHY = f"{SHARED_TEMPLATES} not present (set UNIAGENT_SHARED_DIR to the shared/ folder)"
+needs_templates = needs("the shared chat templates", bool(TEMPLATES), WHY)
 
 # Templates whose render of earlier turns changes once later turns exist; the codec must
 # report drift for them, never hide it.
@@ -183,8 +184,7 @@ TRICKY = st.one_of(
     name=st.sampled_from(["smollm2", "Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder"]),
 )
 def test_property_contents_never_break_exactness(codecs, contents, name):
-    if name not in codecs:
-        pytest.skip("shared templates absent")
+    require("the shared chat templates", name in codecs, WHY)
     codec = codecs[name]
     messages = [{"role": "user", "content": contents[0] or "start"}]
     for i, text in enumerate(contents[1:]):

@@ -7,7 +7,6 @@ token when bound elsewhere, clear errors) runs as a real process.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import needs_bwrap, require_module
 from dashboard_helpers import (
     CLI,
     SECRET,
@@ -28,12 +28,12 @@ from uniagent.runner import RunStore, summarize
 from uniagent.runner.redact import MASK, Redactor
 from uniagent.tokens import ChatCodec
 
-fastapi = pytest.importorskip("fastapi", reason="the dashboard needs fastapi (pip install -e .[verl])")
+fastapi = require_module("fastapi", "the dashboard needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from uniagent.dashboard.app import DashboardConfig, create_app, redact_pieces  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs, needs_bwrap, require_module
 from dashboard_helpers import DashboardServer, copy_run, replay_run
 from uniagent.runner import RunStore
 from uniagent.tokens import ChatCodec
@@ -32,15 +33,11 @@ ARGS = [
 ]
 
 pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)"
-    ),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (makes the run)"),
+    needs("Chromium", CHROMIUM.exists(), "apt-get install chromium (Debian's, at /usr/bin/chromium)"),
+    needs_bwrap,  # makes the run
 ]
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])"
-)
-pytest.importorskip("fastapi", reason="the dashboard needs fastapi (pip install -e .[verl])")
+sync_api = require_module("playwright.sync_api", "playwright drives the browser (pip install -e .[dev])")
+require_module("fastapi", "the dashboard needs fastapi")
 
 
 @pytest.fixture(scope="module")

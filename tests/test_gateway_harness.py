@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from conftest import needs_bwrap
 from uniagent.agent import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.harness import HarnessGateway, parse_kind
@@ -31,7 +31,7 @@ from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 from uniagent.tokens import ChatCodec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_bwrap, require_module
 from run_helpers import write_replay
 from uniagent.runner import RunStore, summarize
 from uniagent.runner.summary import pass_at_k
 from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 CLI = [sys.executable, "-m", "uniagent.cli"]
 
 
@@ -191,7 +191,7 @@ def test_existing_run_needs_resume_and_bad_config_exits_2(tmp_path: Path) -> Non
 
 
 def test_ray_backend_on_a_local_cluster(tmp_path: Path, codec: ChatCodec, starter) -> None:
-    pytest.importorskip("ray")
+    require_module("ray", "the Ray runner backend (a verl dependency)")
     tasks = starter[:3]
     replay = write_replay(tmp_path / "replay.jsonl", codec, tasks)
     ids = ",".join(t.instance_id for t in tasks)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require, require_one_of
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox import ContainerConfig, create
 from uniagent.sandbox import container as container_mod
@@ -100,15 +101,23 @@ def build_rootfs_tar() -> bytes:
 
 @pytest.fixture(scope="session")
 def rootfs_tar() -> bytes:
-    if shutil.which("ldd") is None:
-        pytest.skip("ldd is needed to assemble the test image from host binaries")
+    require("ldd", shutil.which("ldd") is not None, "it assembles the test image from host binaries")
     try:
         return build_rootfs_tar()
     except RuntimeError as exc:
-        pytest.skip(f"cannot assemble the test image: {exc}")
+        require("the test image's host binaries", False, str(exc))
+        raise
 
 
 # -- runtimes -----------------------------------------------------------------------------
+RUNTIMES = "a container runtime (docker or podman)"
+
+
+def _missing(runtime: str, why: str) -> None:
+    """Skip this runtime; under CI=true the session fails if neither runtime ran."""
+    require_one_of(RUNTIMES, runtime, False, why)
+
+
 @dataclass
 class Runtime:
     name: str
@@ -144,14 +153,14 @@ def _docker() -> Iterator[Runtime]:
     """The docker daemon that runs, or a private dockerd (vfs storage, no iptables, no
     bridge) on its own socket and state directories, stopped and wiped afterwards."""
     if shutil.which("docker") is None:
-        pytest.skip("docker CLI not installed (Debian package docker.io)")
+        _missing("docker", "docker CLI not installed (Debian package docker.io)")
     if _docker_usable():
         yield Runtime("docker", "docker")
         return
     if shutil.which("dockerd") is None:
-        pytest.skip("no docker daemon reachable and dockerd is not installed (Debian package docker.io)")
+        _missing("docker", "no docker daemon reachable and no dockerd (Debian package docker.io)")
     if os.geteuid() != 0:
-        pytest.skip("no docker daemon reachable, and starting dockerd needs root")
+        _missing("docker", "no docker daemon reachable, and starting dockerd needs root")
     home = tempfile.mkdtemp(prefix="uad-", dir="/tmp")  # short: unix socket paths are limited
     sock = f"unix://{home}/docker.sock"
     logf = open(f"{home}/dockerd.log", "wb")  # noqa: SIM115 - closed below
@@ -172,7 +181,7 @@ def _docker() -> Iterator[Runtime]:
             while not _docker_usable():
                 if daemon.poll() is not None or time.monotonic() > deadline:
                     tail = Path(f"{home}/dockerd.log").read_text(errors="replace")[-1500:]
-                    pytest.skip(f"dockerd could not start here: {tail}")
+                    _missing("docker", f"dockerd could not start here: {tail}")
                 time.sleep(0.3)
             yield Runtime("docker", "docker")
     finally:
@@ -191,7 +200,7 @@ def _podman() -> Iterator[Runtime]:
     """podman with its storage in a temp dir (CONTAINERS_STORAGE_CONF), so the machine's own
     images and containers are neither touched nor needed."""
     if shutil.which("podman") is None:
-        pytest.skip("podman not installed (Debian package podman)")
+        _missing("podman", "podman not installed (Debian package podman)")
     home = tempfile.mkdtemp(prefix="uap-", dir="/tmp")
     conf = Path(home, "storage.conf")
 
@@ -205,7 +214,7 @@ def _podman() -> Iterator[Runtime]:
             if res.returncode != 0:
                 res = info("vfs")  # no overlay support (e.g. inside another container)
             if res.returncode != 0:
-                pytest.skip(f"podman cannot run here: {res.stderr.strip()[-1500:]}")
+                _missing("podman", f"podman cannot run here: {res.stderr.strip()[-1500:]}")
             root = subprocess.run(
                 ["podman", "info", "--format", "{{.Store.GraphRoot}}"],
                 capture_output=True,
@@ -213,7 +222,7 @@ def _podman() -> Iterator[Runtime]:
                 check=False,
             ).stdout.strip()
             if root != f"{home}/g":  # the cleanup below must never reach the machine's own storage
-                pytest.skip(f"podman ignored CONTAINERS_STORAGE_CONF (storage at {root!r})")
+                _missing("podman", f"podman ignored CONTAINERS_STORAGE_CONF (storage at {root!r})")
             yield Runtime("podman", "podman")
             subprocess.run(["podman", "rm", "-a", "-f", "-t", "0"], capture_output=True, check=False)
             subprocess.run(["podman", "rmi", "-a", "-f"], capture_output=True, check=False)
@@ -237,7 +246,8 @@ def runtime(request: pytest.FixtureRequest, rootfs_tar: bytes) -> Iterator[Runti
             [rt.cli, "import", "-", IMAGE], input=rootfs_tar, capture_output=True, check=False
         )
         if res.returncode != 0:
-            pytest.skip(f"{rt.name} import failed: {res.stderr.decode(errors='replace')[-1000:]}")
+            _missing(rt.name, f"image import failed: {res.stderr.decode(errors='replace')[-1000:]}")
+        require_one_of(RUNTIMES, rt.name, True, "")
         yield rt
         rt.run("rmi", "-f", IMAGE)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.sandbox import SweRexConfig, create
 from uniagent.sandbox.swerex import SweRexSandbox, free_port
@@ -338,8 +339,7 @@ def _local_works() -> str | None:
 
 async def test_started_mode_in_default_local_sandbox() -> None:
     why = _local_works()
-    if why:
-        pytest.skip(why)
+    require("a working local sandbox", why is None, why or "")
     sb = create({"type": "swerex", "start_retries": 0})
     async with sb:
         port = int((sb.url or "").rsplit(":", 1)[1])

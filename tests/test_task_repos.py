@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -11,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import git, make_swe_task_file
+from conftest import needs_bwrap, require_module
 from uniagent import sandbox
 from uniagent.errors import ConfigError
 from uniagent.tasks import load_tasks
 from uniagent.tasks.loading import load_rows
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 
 
 def test_rows_from_jsonl_json_parquet_and_a_datasets_folder(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_rows_from_jsonl_json_parquet_and_a_datasets_folder(tmp_path: Path) -> N
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
-    datasets = pytest.importorskip("datasets")
+    datasets = require_module("datasets", "Hugging Face datasets (a verl dependency)")
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
     for name in ("t.jsonl", "t.json", "t.parquet", "ds"):
         assert load_rows(tmp_path / name) == rows, name

@@ -17,6 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import require_module
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.errors import ConfigError
 from uniagent.models.base import SamplingParams
@@ -25,7 +26,7 @@ from uniagent.train import algo
 from uniagent.train.config import build_train_config
 from uniagent.train.toy import ToyTask, load_toy_tasks
 
-core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+core_algos = require_module("verl.trainer.ppo.core_algos", "the training losses (pip install -e .[verl])")
 
 
 def _traj(prompt: int, parts: list[tuple[str, int]], seed: int = 0) -> Trajectory:
@@ -389,7 +390,7 @@ def test_cli_verl_engine_without_the_integration_says_so(monkeypatch) -> None:
 
 
 def test_cli_verl_engine_print_is_the_launch_command() -> None:
-    launch = pytest.importorskip("uniagent.integrations.verl.launch")
+    launch = require_module("uniagent.integrations.verl.launch", "the verl integration")
     from uniagent.cli import app
 
     result = CliRunner().invoke(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import call, scripted_model
+from conftest import needs_bwrap
 from uniagent.agent import ExitReason
 from uniagent.tasks import load_tasks, run_episode
 from uniagent.tasks.search import exact_match, f1_score
 from uniagent.tokens import ChatCodec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = needs_bwrap
 CLI = [sys.executable, "-m", "uniagent.cli"]
 
 

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent_helpers import make_swe_task_file
+from conftest import require_module
 from uniagent.errors import ConfigError
 from uniagent.integrations.verl.data import COLUMNS, prepare
 from uniagent.integrations.verl.launch import (
@@ -31,7 +32,7 @@ from uniagent.integrations.verl.launch import (
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.tasks import load_tasks
 
-verl = pytest.importorskip("verl")
+verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402

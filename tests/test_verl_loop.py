@@ -25,13 +25,14 @@ from typing import Any
 import pytest
 import torch
 
+from conftest import require_module
 from run_helpers import gold_turns
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec
 
-verl = pytest.importorskip("verl")
+verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
