@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from uniagent import sandbox
 from uniagent.errors import ConfigError
 from uniagent.sandbox.output import ClippedBuffer, strip_ansi
@@ -20,8 +21,7 @@ BACKENDS = ["local", "host"]
 @pytest.fixture(params=BACKENDS)
 async def sb(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[sandbox.Sandbox]:
     if request.param == "local":
-        if shutil.which("bwrap") is None:
-            pytest.skip("bubblewrap is not installed")
+        require("bubblewrap", shutil.which("bwrap") is not None, "apt-get install bubblewrap")
         cfg = {"type": "local", "workspace": str(tmp_path)}
     else:
         cfg = {"type": "host", "workdir": str(tmp_path), "i_understand_there_is_no_isolation": True}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import call, git, scripted_model
+from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import ExitReason
 from uniagent.errors import ConfigError
@@ -26,7 +27,6 @@ from uniagent.tokens import ChatCodec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROWS = FIXTURES / "swe_rebench_rows.jsonl"
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
 @pytest.fixture(scope="module")
