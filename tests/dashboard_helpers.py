@@ -93,20 +93,14 @@ def replay_run(base: Path, codec: ChatCodec) -> Path:
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # The tests expect exactly the scripted outcomes. An infrastructure failure (seen: a rare
-    # verifier_error "resetting to base failed ... Could not parse object" under load) is not
-    # what they test, so such pairs are rerun the product's way, with --resume.
-    for _ in range(3):
-        store = RunStore(out / "run.db", readonly=True)
-        failed = [
-            (r["instance_id"], r["sample"], r["error"]) for r in store.rows(full=False) if not r["trainable"]
-        ]
-        store.close()
-        if not failed:
-            break
-        print(f"rerunning infrastructure failures with --resume: {failed}")
-        proc = subprocess.run([*CLI, *args, "--resume"], capture_output=True, text=True, timeout=900, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # The tests expect exactly the scripted outcomes: no episode may fail for infrastructure
+    # reasons (concurrent samples once shared their task's base commit; see test_grader_hacks).
+    store = RunStore(out / "run.db", readonly=True)
+    failed = [
+        (r["instance_id"], r["sample"], r["error"]) for r in store.rows(full=False) if not r["trainable"]
+    ]
+    store.close()
+    assert failed == [], failed
     store = RunStore(out / "run.db")
     store.put(infra_failure_row())
     store.close()

@@ -210,8 +210,8 @@ async def test_hidden_tests_decide_and_cannot_be_faked(tasks: list[R2EGymTask], 
 
 @needs_bwrap
 async def test_a_run_that_fails_silently_is_no_pass(tasks: list[R2EGymTask], tmp_path: Path) -> None:
-    """Code that prints a summary of its own and makes the run fail is not a pass (here with
-    pytest's output capture turned off through setup.cfg, which is not a test file)."""
+    """Code that prints a summary of its own and makes the run fail is not a pass (here written
+    past pytest's output capture, to the pipe the log is read from)."""
     task = tasks[1]
     repo = task.repo_path()
     assert repo is not None
@@ -220,8 +220,11 @@ async def test_a_run_that_fails_silently_is_no_pass(tasks: list[R2EGymTask], tmp
         tmp_path,
         repo,
         {
-            "setup.cfg": "[tool:pytest]\naddopts = -s\n",
-            "wordfreq/__init__.py": f"import os\nos.write(1, b'{summary}')\nos._exit(1)\n",
+            "wordfreq/__init__.py": (
+                "import os, stat\nfor fd in range(3, 64):\n    try:\n"
+                f"        if stat.S_ISFIFO(os.fstat(fd).st_mode): os.write(fd, b'{summary}')\n"
+                "    except OSError:\n        pass\nos._exit(1)\n"
+            ),
         },
         skip=("run_tests.sh", "hidden_tests"),
     )

@@ -336,6 +336,9 @@ class R2EGymTask(SweTask):
         ok, out = await repo.apply_patch(sandbox, agent_patch, "model")
         if not ok:
             raise PatchApplyError(f"the patch does not apply to the base commit: {out.strip()[-800:]}")
+        refused = await self.guard_tree(sandbox, dropped, ENV_PATHS)
+        if refused:
+            return self.refuse(refused, dropped, patch)
         log, exit_code, timed_out = await self._run_hidden_tests(sandbox)
         if self.mode == "swebench":
             return self._grade(log, dropped, patch)

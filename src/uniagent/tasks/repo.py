@@ -7,11 +7,12 @@ branch is made at the base commit, and unreachable objects are pruned.
 
 from __future__ import annotations
 
+import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
-from uniagent.errors import SandboxError
+from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.procs import quote
 
@@ -47,8 +48,26 @@ async def copy_repo(sandbox: Sandbox, src: Path) -> None:
     raise SandboxError(f"repo_dir {src} is neither a directory nor a .tar.gz")
 
 
-async def prepare_base(sandbox: Sandbox, base_commit: str | None = None) -> str:
-    """Make the workdir a git repo at its base commit with no later history; return the sha."""
+def check_base_commit(src: Path | None, base_commit: str, instance_id: str) -> None:
+    """A row's base commit must exist in its local git repository (checked when the row is
+    loaded; a tarball's repository is checked when it is set up). A directory without `.git`
+    is a snapshot: it is its own base, and the row's base commit is not looked up."""
+    if src is None or not (src / ".git").exists():
+        return
+    res = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(src), "cat-file", "-e", f"{base_commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        raise ConfigError(f"{instance_id}: base_commit {base_commit} is not a commit of the repository {src}")
+
+
+async def prepare_base(
+    sandbox: Sandbox, base_commit: str | None = None, instance_id: str = "the task"
+) -> str:
+    """Make the workdir a git repo at its base commit with no later history; return the sha.
+    A workdir without a git repository is a snapshot and becomes its own base commit."""
     w = sandbox.workdir
     has_git = (await sandbox.exec(f"test -d {quote(w)}/.git", session="_setup")).exit_code == 0
     if not has_git:
@@ -60,7 +79,12 @@ async def prepare_base(sandbox: Sandbox, base_commit: str | None = None) -> str:
             "creating the base commit",
         )
     else:
-        target = quote(base_commit or "HEAD")
+        target = quote(f"{base_commit or 'HEAD'}^{{commit}}")
+        found = await sandbox.exec(f"{GIT} cat-file -e {target}", cwd=w, session="_setup")
+        if not found.ok:  # a row that names a commit its repository does not have
+            raise SandboxError(
+                f"{instance_id}: base_commit {base_commit or 'HEAD'} is not a commit of the task's repository"
+            )
         await run_checked(
             sandbox,
             "\n".join(

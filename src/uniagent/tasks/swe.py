@@ -4,7 +4,8 @@ Grading never trusts the workspace as the agent left it. The agent's work is tak
 patch against the base commit, the repository is reset, the patch is re-applied without
 its changes to test files and test configuration (conftest.py, pytest.ini, ...), the task's
 test patch is applied, the tests run, and the log is graded with the `swebench` package's
-own parser and grading functions. Editing the tests cannot turn a wrong fix into a pass.
+own parser and grading functions. Editing the tests cannot turn a wrong fix into a pass, and
+a patch that changes how the tests are collected, run or reported is refused (`guard`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,11 @@ from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import image_config
-from uniagent.tasks import repo
+from uniagent.tasks import guard, repo
 from uniagent.tasks.base import SYSTEM_PROMPT, Task
 from uniagent.tasks.loading import json_list
 from uniagent.tools.submit import workspace_patch
 
-PROTECTED_NAMES = {
-    "conftest.py",
-    "pytest.ini",
-    "sitecustomize.py",
-    "usercustomize.py",
-    "tox.ini",
-    "noxfile.py",
-}
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.M)
 LOG_LIMIT = 4_000_000
 
@@ -68,7 +61,7 @@ def is_test_path(path: str, extra: set[str]) -> bool:
     name = posixpath.basename(path)
     parts = path.split("/")[:-1]
     return (
-        name in PROTECTED_NAMES
+        guard.stripped_path(path)
         or name.startswith("test_")
         or name.endswith("_test.py")
         or any(p in ("tests", "test", "testing") for p in parts)
@@ -118,6 +111,8 @@ class SweTask(Task):
             )
         self.base: str | None = None
         self.show_test_cmd = bool(row.get("show_test_cmd", False))
+        if row.get("repo_dir") and row.get("base_commit"):
+            repo.check_base_commit(self.repo_path(), str(row["base_commit"]), self.instance_id)
 
     # -- environment ---------------------------------------------------------------------
     def sandbox_config(self, base: dict[str, Any] | None) -> dict[str, Any]:
@@ -146,7 +141,7 @@ class SweTask(Task):
         src = self.repo_path()
         if src is not None:
             await repo.copy_repo(sandbox, src)
-        self.base = await repo.prepare_base(sandbox, self.row.get("base_commit") if src is None else None)
+        self.base = await repo.prepare_base(sandbox, self.row.get("base_commit"), self.instance_id)
 
     # -- the agent's view ----------------------------------------------------------------
     def messages(self) -> list[dict[str, Any]]:
@@ -177,8 +172,38 @@ class SweTask(Task):
         ok, out = await repo.apply_patch(sandbox, agent_patch, "model")
         if not ok:
             raise PatchApplyError(f"the patch does not apply to the base commit: {out.strip()[-800:]}")
+        refused = await self.guard_tree(sandbox, dropped)
+        if refused:
+            return self.refuse(refused, dropped, patch)
         log = await self._run_tests(sandbox)
         return self._grade(log, dropped, patch)
+
+    async def guard_tree(
+        self, sandbox: Sandbox, dropped: list[str], exclude: tuple[str, ...] = ()
+    ) -> str | None:
+        """Enforce the rules of `uniagent.tasks.guard` on the tree as the patch left it (not on
+        the patch's text, which a crafted diff can make lie): test files and test configuration
+        go back to base (added to `dropped`); the reason to refuse the patch, or None."""
+        assert self.base is not None
+        changed, new = await guard.changed_files(sandbox, self.base, exclude)
+        protected = set(patch_files(self.test_patch))
+        back = [p for p in changed if is_test_path(p, protected)]
+        await guard.restore(sandbox, self.base, back, new)
+        dropped.extend(p for p in back if p not in dropped)
+        return await guard.screen(sandbox, self.base, [p for p in changed if p not in back], new - set(back))
+
+    def refuse(self, reason: str, dropped: list[str], patch: str) -> Reward:
+        """A patch that changes how the tests run is not graded: unresolved, with the reason."""
+        from swebench.harness.constants import ResolvedStatus
+
+        details = {
+            "refused": reason,
+            "tests_ran": False,
+            "ignored_test_changes": dropped,
+            "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
+            "resolution": ResolvedStatus.NO.value,
+        }
+        return Reward(0.0, False, details)
 
     async def _run_tests(self, sandbox: Sandbox) -> str:
         from swebench.harness.constants import (
@@ -230,6 +255,9 @@ class SweTask(Task):
             status_map, ran = get_logs_eval(spec, fh.name)
         details: dict[str, Any] = {
             "tests_ran": ran,
+            # Expected tests the log does not report count as failed (a run that skips or
+            # hides tests cannot pass by it); listed so a tampered run is visible.
+            "missing_tests": [t for t in [*self.fail_to_pass, *self.pass_to_pass] if t not in status_map],
             "ignored_test_changes": dropped,
             "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
             "log_tail": log[-4000:],

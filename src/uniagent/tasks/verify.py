@@ -1,8 +1,9 @@
 """Grade SWE-bench-format predictions in sandboxes (`uniagent verify`).
 
 Each prediction gets a fresh sandbox prepared exactly as for an episode (repo at base, history
-scrubbed); its patch is graded by the task's own verifier. A patch that does not apply, or an
-environment that fails, is an error, never a silent "unresolved".
+scrubbed); its patch is graded by the task's own verifier. A patch that does not apply, a patch
+refused because it changes how the tests run (`uniagent.tasks.guard`), or an environment that
+fails, is an error with its reason, never a silent "unresolved".
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ async def grade_one(task: SweTask, patch: str, sandbox_cfg: dict[str, Any] | Non
             reward = await task.grade_patch(sb, patch or "")
         out.update(status="resolved" if reward.resolved else "unresolved", reward=reward.value)
         out["details"] = {k: v for k, v in reward.details.items() if k != "status_map"}
+        if reward.details.get("refused"):  # it changes how the tests run: not graded
+            out.update(status="error", error=f"patch refused: {reward.details['refused']}")
     except PatchApplyError as exc:
         out.update(status="error", error=f"patch does not apply: {exc}")
     except (SandboxError, OSError, TimeoutError) as exc:
