@@ -233,39 +233,41 @@ def _encode(tok: Any, text: str) -> list[int]:
 
 
 # -- logs ----------------------------------------------------------------------------------
-_LOG_REDACTORS: list[Redactor] = []
 _LOG_LOCK = threading.Lock()
+_LOG: dict[str, Any] = {"values": set(), "redactor": None}
 
 
 def redact_logs(redactor: Redactor) -> None:
-    """Redact every log record made in this process from now on with `redactor` too.
+    """Redact every log record made in this process from now on with `redactor`'s secrets too.
 
     Done where records are made (the record factory), so it holds whatever handlers and
     formatters are configured later: message, arguments and traceback text.
     """
     with _LOG_LOCK:
-        if any(r.values == redactor.values for r in _LOG_REDACTORS) or not redactor.values:
+        values = _LOG["values"] | set(redactor.values)
+        if values == _LOG["values"]:
             return
-        if not _LOG_REDACTORS:
+        if _LOG["redactor"] is None:
             logging.setLogRecordFactory(_redacting_factory(logging.getLogRecordFactory()))
-        _LOG_REDACTORS.append(redactor)
+        _LOG["values"], _LOG["redactor"] = values, Redactor(extra=sorted(values), env={})
 
 
 def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)
+        redactor: Redactor | None = _LOG["redactor"]
+        if redactor is None:
+            return record
         try:
             msg = record.getMessage()
         except Exception:  # a malformed call: logging reports it itself later
             return record
-        exc = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
-        clean_msg, clean_exc = msg, exc
-        for r in list(_LOG_REDACTORS):
-            clean_msg, clean_exc = r.text(clean_msg), r.text(clean_exc)
-        if clean_msg != msg:
-            record.msg, record.args = clean_msg, None
-        if clean_exc != exc:
-            record.exc_text = clean_exc
+        if redactor.found(msg):
+            record.msg, record.args = redactor.text(msg), None
+        if record.exc_info:
+            exc = logging.Formatter().formatException(record.exc_info)
+            if redactor.found(exc):
+                record.exc_text = redactor.text(exc)
         return record
 
     return factory
