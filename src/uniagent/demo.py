@@ -8,8 +8,11 @@ replaces this once the runner exists.)
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import datetime as _dt
+import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +59,54 @@ class DemoResult:
     format_errors: int
 
 
+MAX_EXPRESSION_CHARS = 200
+MAX_RESULT_BITS = 4096  # about 1,200 digits: any honest arithmetic question fits
+
+
+def calculate(expr: str) -> int | float:
+    """Evaluate `+ - * / // **` on numbers, bounded: a small model may write `9**9**9**9`, whose
+    exact value would take Python hours and all memory, so every intermediate integer is kept
+    under MAX_RESULT_BITS (checked before the operation runs) and raises ValueError past it."""
+    if len(expr) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    ops: dict[type, Any] = {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+        ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv,
+        ast.Pow: operator.pow,
+    }
+
+    def bits(x: int | float) -> int:
+        return abs(int(x)).bit_length() if isinstance(x, int) else 64
+
+    def ev(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            value = ev(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow):
+                if (
+                    isinstance(a, int)
+                    and isinstance(b, int)
+                    and abs(a) > 1
+                    and abs(b) * math.log2(abs(a)) > MAX_RESULT_BITS
+                ):
+                    raise ValueError("result too large (the exponent is too big)")
+                if isinstance(b, float) or isinstance(a, float):
+                    return float(a) ** float(b)  # floats overflow with an error, not a hang
+            elif isinstance(node.op, ast.Mult) and bits(a) + bits(b) > MAX_RESULT_BITS:
+                raise ValueError("result too large")
+            return ops[type(node.op)](a, b)
+        raise ValueError("only numbers, + - * / ** ( ) are allowed")
+
+    return ev(ast.parse(expr, mode="eval").body)
+
+
 def run_tool(call: ToolCall) -> str:
     """In-process demo tools (real tools run in sandboxes; this demo needs none)."""
     if call.name == "clock":
@@ -65,7 +116,7 @@ def run_tool(call: ToolCall) -> str:
         if not expr or any(c not in "0123456789+-*/(). " for c in expr):
             return "error: only numbers, + - * / ( ) and spaces are allowed"
         try:
-            return str(eval(expr, {"__builtins__": {}}, {}))  # characters checked above
+            return str(calculate(expr))
         except Exception as exc:  # a bad expression is an observation, not a crash
             return f"error: {exc}"
     return f"error: unknown tool {call.name!r}"
