@@ -352,3 +352,12 @@ async def test_started_mode_in_default_local_sandbox() -> None:
         assert "rc=1" in r.output
     await asyncio.sleep(0.2)
     assert not _alive(port, token)
+
+
+async def test_a_token_starting_with_a_dash_starts_the_server() -> None:
+    """The server got its token as `--auth-token TOKEN`; argparse read a token that begins with
+    '-' (1 in 64 of secrets.token_urlsafe) as an option and swerex-remote exited."""
+    why = _local_works()
+    require("a working local sandbox", why is None, why or "")
+    async with create({"type": "swerex", "start_retries": 0, "auth_token": "-starts-with-a-dash"}) as sb:
+        assert (await sb.exec("echo hi")).output == "hi\n"
