@@ -49,3 +49,11 @@ class ToolError(UniAgentError):
 
 class TrainingError(UniAgentError):
     """A training step cannot go on honestly (e.g. most of its episodes failed for infrastructure reasons)."""
+
+
+class PreflightError(UniAgentError):
+    """The model or the sandbox backend failed its check before a run's first episode."""
+
+
+class RunStoppedError(UniAgentError):
+    """A run stopped early: its first episodes all failed the same infrastructure way."""

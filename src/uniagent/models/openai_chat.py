@@ -133,6 +133,39 @@ class OpenAIChatModel:
         turn.metrics.update({"latency_s": time.perf_counter() - started, "attempts": float(attempt)})
         return turn
 
+    async def check(self, timeout_s: float = 30.0) -> str:
+        """A run's health check: the endpoint answers, accepts the key and serves `model`.
+
+        `GET /models` costs no tokens; when it does not list the model (or the endpoint has no such
+        route) one 1-token completion decides. No retries: a run's first request should not wait
+        minutes to say the endpoint is down. Raises `EngineError` naming the endpoint.
+        """
+        timeout = min(timeout_s, self.timeout)
+        listed: list[str] = []
+        try:
+            page = await self._client.models.list(timeout=timeout)
+            listed = [m.id for m in page.data]
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (404, 405, 501):  # only "no such route" falls through
+                raise self._check_error(exc) from None
+        except openai.APIError as exc:
+            raise self._check_error(exc) from None
+        if self.model in listed:
+            return f"{self._endpoint} serves {self.model!r}"
+        try:
+            ping = [{"role": "user", "content": "ping"}]
+            await self._client.chat.completions.create(
+                model=self.model, messages=ping, max_tokens=1, timeout=timeout
+            )
+        except openai.APIError as exc:
+            served = f" (it lists: {', '.join(listed[:8])})" if listed else ""
+            raise self._check_error(exc, served) from None
+        return f"{self._endpoint} answered a 1-token completion for {self.model!r}"
+
+    def _check_error(self, exc: openai.APIError, extra: str = "") -> EngineError:
+        _, reason = self._classify(exc)
+        return EngineError(f"chat endpoint {self._endpoint} (model {self.model!r}): {reason}{extra}")
+
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
         request: dict[str, Any] = {"model": self.model, "messages": messages, "timeout": self.timeout}
         if tools and self.parser is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.errors import ConfigError
@@ -24,6 +24,11 @@ class ModelConfig(BaseModel):
     spec: str = Field("local", description="local | local:PATH | openai:URL | replay:FILE")
     name: str | None = Field(None, description="model name sent to an OpenAI-compatible endpoint")
     parser: str = Field("hermes", description="tool-call format the model writes")
+    tool_format: Literal["text", "native"] = Field(
+        "text",
+        description="openai:URL: text (tools in the prompt, calls parsed from the text with `parser`) "
+        "| native (the endpoint's `tools` and `tool_calls`)",
+    )
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(512, ge=1, description="tokens per model turn")
@@ -36,6 +41,15 @@ class ModelConfig(BaseModel):
     device: str = "cpu"
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
     timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
+
+    @model_validator(mode="after")
+    def _native_needs_endpoint(self) -> ModelConfig:
+        if self.tool_format == "native" and not self.spec.startswith("openai:"):
+            raise ValueError(
+                "tool_format native needs an openai:URL model (token-level models parse tool calls "
+                "from their text with model.parser)"
+            )
+        return self
 
 
 class TasksConfig(BaseModel):
@@ -61,6 +75,15 @@ class RunnerConfig(BaseModel):
         True, description="on resume, rerun pairs that ended in an infrastructure failure"
     )
     seed: int = 0
+    preflight: bool = Field(
+        True, description="before the first episode, check that the model answers and a sandbox runs"
+    )
+    stop_after_infra_failures: int = Field(
+        8, ge=0, description="stop when the first N episodes all end in one infrastructure failure (0: never)"
+    )
+    progress_interval_s: float = Field(
+        30.0, gt=0, description="without a terminal: seconds between plain progress lines"
+    )
 
 
 class RunConfig(BaseModel):

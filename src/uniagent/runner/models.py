@@ -2,7 +2,9 @@
 
 `local` / `local:PATH`: one LocalEngine for the whole run (iteration-level batching across
 episodes), a TokenChatModel per episode. `openai:URL`: OpenAIChatModel (text level, not
-trainable). `replay:FILE`: recorded generations, token level (tests, debugging).
+trainable; tools described in the prompt and parsed from the text with `model.parser`, or the
+endpoint's own `tools` / `tool_calls` with `model.tool_format: native`). `replay:FILE`: recorded
+generations, token level (tests, debugging).
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import ChatModel, SamplingParams
 from uniagent.runner.config import ModelConfig
+
+if TYPE_CHECKING:
+    from uniagent.models.openai_chat import OpenAIChatModel
 
 
 def episode_seed(seed: int, instance_id: str, sample: int) -> int:
@@ -71,27 +76,42 @@ class ModelFactory:
                 self.arg, match="request", strict=False, delay_s=self.config.replay_delay_s
             )
 
+    async def check(self) -> str:
+        """The run's preflight of the model (after `start`): an endpoint answers a request; a local
+        or replay engine has loaded in `start` already. Raises `EngineError` naming the endpoint."""
+        if self.kind != "openai":
+            return f"{self.kind} engine loaded"
+        model = self._openai()
+        try:
+            return await model.check()
+        finally:
+            await model.aclose()
+
+    def _openai(self) -> OpenAIChatModel:
+        from uniagent.models.openai_chat import OpenAIChatModel
+        from uniagent.parsers import get_parser
+
+        cfg = self.config
+        return OpenAIChatModel(
+            cfg.name or "default",
+            base_url=self.arg,
+            api_key=os.environ.get(cfg.api_key_env) or "none",
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            timeout=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            parser=get_parser(cfg.parser) if cfg.tool_format == "text" else None,
+        )
+
     def new_model(self, instance_id: str, sample: int, seed: int) -> ChatModel:
+        if self.kind == "openai":
+            return self._openai()
+        from uniagent.models.token_chat import TokenChatModel
         from uniagent.parsers import get_parser
 
         cfg = self.config
         parser = get_parser(cfg.parser)
-        if self.kind == "openai":
-            from uniagent.models.openai_chat import OpenAIChatModel
-
-            return OpenAIChatModel(
-                cfg.name or "default",
-                base_url=self.arg,
-                api_key=os.environ.get(cfg.api_key_env) or "none",
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_tokens=cfg.max_tokens,
-                timeout=cfg.timeout_s,
-                max_retries=cfg.max_retries,
-                parser=parser,
-            )
-        from uniagent.models.token_chat import TokenChatModel
-
         sampling = SamplingParams(
             temperature=cfg.temperature,
             top_p=cfg.top_p,

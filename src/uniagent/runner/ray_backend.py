@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from uniagent.errors import PreflightError
 from uniagent.runner.config import RunConfig
 from uniagent.tasks.base import Task
 
@@ -46,10 +47,23 @@ class EpisodeActor:
         task = family_class(family).from_row(row, source)
         model = factory.new_model(task.instance_id, sample, self.config.runner.seed)
         result = await run_episode(task, model, self.config.agent, self.config.sandbox)
+        if not factory.trainable and result.exit_reason.trainable:
+            result.metrics["text_only_model"] = True
         out = result.to_dict()
         if not factory.trainable:
             out["trainable"] = False
         return out
+
+    async def preflight(self, sandbox_cfg: dict[str, Any]) -> str | None:
+        """The run's preflight where the episodes run; the error's message, or None when all works."""
+        from uniagent.errors import UniAgentError
+        from uniagent.runner.guard import preflight
+
+        try:
+            await preflight(await self._ensure(), sandbox_cfg)
+        except UniAgentError as exc:
+            return str(exc)
+        return None
 
     def ping(self) -> str:
         return "ok"
@@ -59,6 +73,7 @@ async def run_on_ray(
     config: RunConfig,
     todo: list[tuple[Task, int]],
     on_result: Callable[[str, int, dict[str, Any]], None],
+    stopped: Callable[[], bool] = lambda: False,
 ) -> None:
     import ray
 
@@ -72,16 +87,22 @@ async def run_on_ray(
     actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor)(EpisodeActor)
     cfg_json = config.model_dump(mode="json")
     actors = [actor_cls.remote(cfg_json) for _ in range(n_actors)]
-    await asyncio.gather(*(a.ping.remote() for a in actors))
     sem = asyncio.Semaphore(config.runner.concurrency)
 
     async def one(i: int, task: Task, sample: int) -> None:
         async with sem:
+            if stopped():
+                return  # the run stops: episodes not started are left for --resume
             actor = actors[i % n_actors]
             result = await actor.run.remote(task.family, task.row, task.source, sample)
             on_result(task.instance_id, sample, result)
 
     try:
+        await asyncio.gather(*(a.ping.remote() for a in actors))
+        if config.runner.preflight:
+            failed = await actors[0].preflight.remote(todo[0][0].sandbox_config(config.sandbox))
+            if failed:
+                raise PreflightError(failed)
         await asyncio.gather(*(one(i, t, s) for i, (t, s) in enumerate(todo)))
     finally:
         for a in actors:

@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from uniagent.agent.result import ExitReason
-from uniagent.errors import ConfigError
+from uniagent.errors import ConfigError, RunStoppedError
 from uniagent.runner.config import RunConfig
+from uniagent.runner.guard import InfraGuard, preflight
 from uniagent.runner.models import ModelFactory
 from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
@@ -53,10 +54,16 @@ class Progress:
         return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
+    def episodes_per_min(self) -> float:
+        """Episodes finished by this invocation (not the ones a resumed run found stored)."""
+        return (self.done - self.skipped) / self.elapsed * 60 if self.elapsed > 0 else 0.0
+
+    @property
     def eta_s(self) -> float | None:
-        if not self.done:
+        ran = self.done - self.skipped
+        if ran <= 0:
             return None
-        return self.elapsed / self.done * (self.total - self.done)
+        return self.elapsed / ran * (self.total - self.done)
 
 
 class Runner:
@@ -66,6 +73,8 @@ class Runner:
         self.on_progress = on_progress
         self.redactor = run_redactor(config)
         self.progress: Progress | None = None
+        self.guard = InfraGuard(config.runner.stop_after_infra_failures)
+        self.stopped: str | None = None  # set when the guard trips: no new episode starts
 
     # -- setup ---------------------------------------------------------------------------
     def open_store(self) -> RunStore:
@@ -109,15 +118,23 @@ class Runner:
             self._notify()
             started = time.monotonic()
             prior = float(store.meta("wall_s", 0.0) or 0.0)
-            if todo:
-                if cfg.runner.backend == "ray":
+            try:
+                if todo and cfg.runner.backend == "ray":
                     from uniagent.runner.ray_backend import run_on_ray
 
-                    await run_on_ray(cfg, todo, lambda t, s, r: self._record(store, t, s, r))
-                else:
+                    await run_on_ray(
+                        cfg, todo, lambda t, s, r: self._record(store, t, s, r), lambda: bool(self.stopped)
+                    )
+                elif todo:
                     await self._run_local(todo, store)
-            wall = prior + time.monotonic() - started
-            store.set_meta("wall_s", wall)
+            finally:  # a run stopped early still counts its time
+                wall = prior + time.monotonic() - started
+                store.set_meta("wall_s", wall)
+            if self.stopped:
+                raise RunStoppedError(
+                    f"{self.stopped}; {store.count()} episodes are stored in {self.out}: fix the cause, "
+                    f"then continue with --resume --output {self.out}"
+                )
             return export(store, self.out, cfg.model.name or cfg.model.spec, wall)
         finally:
             store.close()
@@ -132,6 +149,8 @@ class Runner:
 
         async def one(task: Task, sample: int) -> None:
             async with sem:
+                if self.stopped:
+                    return  # left for --resume
                 model = factory.new_model(task.instance_id, sample, cfg.runner.seed)
                 if harness is not None:
                     result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
@@ -142,6 +161,8 @@ class Runner:
                 self._record(store, task.instance_id, sample, result.to_dict(), factory.trainable)
 
         try:
+            if cfg.runner.preflight:
+                await preflight(factory, todo[0][0].sandbox_config(cfg.sandbox))
             if cfg.agent_kind != "react":  # a black-box harness talking to an in-process gateway
                 from uniagent.gateway.harness import HarnessGateway
 
@@ -173,6 +194,7 @@ class Runner:
             p.tokens += row["completion_tokens"]
             p.exits[row["exit_reason"]] += 1
             self._notify()
+        self.stopped = self.stopped or self.guard.observe(row["exit_reason"], row["error"])
 
     def _notify(self) -> None:
         if self.on_progress and self.progress:
