@@ -47,12 +47,7 @@ class EpisodeActor:
         task = family_class(family).from_row(row, source)
         model = factory.new_model(task.instance_id, sample, self.config.runner.seed)
         result = await run_episode(task, model, self.config.agent, self.config.sandbox)
-        if not factory.trainable and result.exit_reason.trainable:
-            result.metrics["text_only_model"] = True
-        out = result.to_dict()
-        if not factory.trainable:
-            out["trainable"] = False
-        return out
+        return result.to_dict()  # the driver marks a text-only model's episodes untrainable
 
     async def preflight(self, sandbox_cfg: dict[str, Any]) -> str | None:
         """The run's preflight where the episodes run; the error's message, or None when all works."""

@@ -122,8 +122,12 @@ class Runner:
                 if todo and cfg.runner.backend == "ray":
                     from uniagent.runner.ray_backend import run_on_ray
 
+                    trainable = ModelFactory(cfg.model).trainable
                     await run_on_ray(
-                        cfg, todo, lambda t, s, r: self._record(store, t, s, r), lambda: bool(self.stopped)
+                        cfg,
+                        todo,
+                        lambda t, s, r: self._record(store, t, s, r, trainable),
+                        lambda: bool(self.stopped),
                     )
                 elif todo:
                     await self._run_local(todo, store)
@@ -156,8 +160,6 @@ class Runner:
                     result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
                 else:
                     result = await run_episode(task, model, cfg.agent, cfg.sandbox)
-                if not getattr(model, "trainable", True) and result.exit_reason.trainable:
-                    result.metrics["text_only_model"] = True
                 self._record(store, task.instance_id, sample, result.to_dict(), factory.trainable)
 
         try:
@@ -183,8 +185,10 @@ class Runner:
     ) -> None:
         if result["exit_reason"] == ExitReason.CANCELLED.value:
             return  # not stored: a resumed run does it again
-        if not trainable_model:
-            result["trainable"] = False  # text-only endpoints give no token record to train on
+        if not trainable_model:  # text-only endpoints give no token record to train on
+            if result["trainable"]:
+                result["metrics"].update(text_only_model=True, untrainable_reason="text_only_model")
+            result["trainable"] = False
         row = episode_row(instance_id, sample, self.redactor.result(result))
         store.put(row)
         p = self.progress
