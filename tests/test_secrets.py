@@ -257,3 +257,22 @@ def test_verl_data_refuses_a_task_that_holds_a_secret(tmp_path: Path, monkeypatc
     assert not (tmp_path / "a" / "train.parquet").exists()
     monkeypatch.delenv("UNIAGENT_TEST_DATA_TOKEN")
     assert prepare("builtin:starter", tmp_path / "b", val_size=2)["n_train"] > 0
+
+
+def test_locations_are_not_secrets(tmp_path: Path) -> None:
+    """XAUTHORITY, SSH_AUTH_SOCK and friends name where something is: masking them would make
+    every episode that prints a path untrainable for nothing."""
+    existing = tmp_path / "creds.json"
+    existing.write_text("{}")
+    env = {
+        "XAUTHORITY": "/home/someone/.Xauthority",
+        "SSH_AUTH_SOCK": "/tmp/ssh-abcdef/agent.1234",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(existing),
+        "OPENAI_API_KEY": "sk-live-0123456789abcdef",
+    }
+    r = Redactor(env=env)
+    assert r.values == ["sk-live-0123456789abcdef"]
+    assert (
+        r.text("cat /home/someone/.Xauthority sk-live-0123456789abcdef")
+        == f"cat /home/someone/.Xauthority {MASK}"
+    )

@@ -27,6 +27,24 @@ from typing import Any
 from uniagent.tokens.trajectory import Trajectory, TurnSpan
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
+# Names that match but hold where something is, not a secret (XAUTHORITY, SSH_AUTH_SOCK,
+# GOOGLE_APPLICATION_CREDENTIALS=/path, KEYRING_DIR ...): masking them would cost training
+# data, since an episode whose tokens held a "secret" is no longer trainable.
+_LOCATION_NAME = re.compile(r"(_SOCK|_PATH|_FILE|_DIR|_HOME|^XAUTHORITY)$", re.I)
+
+
+def env_secrets(env: dict[str, str]) -> set[str]:
+    """Values of environment variables that look secret, minus locations (paths, sockets)."""
+    return {
+        v
+        for k, v in env.items()
+        if _SECRET_NAME.search(k)
+        and len(v) >= 8
+        and not _LOCATION_NAME.search(k)
+        and not (v.startswith("/") and os.path.exists(v))
+    }
+
+
 MASK = "[REDACTED]"
 REDACTED_ROLE = "redacted"
 UNTRAINABLE_REASON = "secret_redacted"
@@ -42,7 +60,7 @@ class Redactor:
         """`tokenizer`: a Hugging Face tokenizer (or a codec with `.tokenizer`), or a function
         that returns one when a trajectory first needs it (loading costs time: only on demand)."""
         env = dict(os.environ if env is None else env)
-        values = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}
+        values = env_secrets(env)
         values |= {v for v in extra or [] if v and len(v) >= 4}
         self.values = sorted(values, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(v) for v in self.values)) if self.values else None
