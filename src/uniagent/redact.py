@@ -17,6 +17,7 @@ dashboard share it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import os
 import re
@@ -43,6 +44,23 @@ def env_secrets(env: dict[str, str]) -> set[str]:
         and not _LOCATION_NAME.search(k)
         and not (v.startswith("/") and os.path.exists(v))
     }
+
+
+def setting_secrets(settings: Any) -> list[str]:
+    """String values under secret-looking names anywhere in a settings tree: a sandbox config's
+    `auth_token`, its `env: {GITHUB_TOKEN: ...}`, a nested `inner` sandbox's."""
+    if isinstance(settings, dict):
+        found = []
+        for key, value in settings.items():
+            name = str(key)
+            if isinstance(value, str) and _SECRET_NAME.search(name) and not _LOCATION_NAME.search(name):
+                found.append(value)
+            else:
+                found.extend(setting_secrets(value))
+        return found
+    if isinstance(settings, list | tuple):
+        return [v for item in settings for v in setting_secrets(item)]
+    return []
 
 
 MASK = "[REDACTED]"
@@ -209,6 +227,30 @@ class Redactor:
             metrics["trajectory_dropped"] = "a secret could not be removed token by token"
         return out
 
+    def episode(self, result: Any, tokenizer: Any = None) -> Any:
+        """An `EpisodeResult` redacted like `result()`, as a new object: for a trainer, which trains
+        on results in memory (the verl loop, the local trainer) rather than on stored rows. When its
+        tokens had to change, `metrics.untrainable_reason` makes it not trainable."""
+        if self._pattern is None:
+            return result
+        clean = self.result(result.to_dict(), tokenizer)
+        traj = clean["trajectory"]
+        if traj is not None:
+            traj = Trajectory.from_dict(traj) if traj.get("secret_redacted") else result.trajectory
+        reward = result.reward
+        if reward is not None:
+            reward = dataclasses.replace(reward, details=clean["reward"]["details"])
+        return dataclasses.replace(
+            result,
+            messages=clean["messages"],
+            trajectory=traj,
+            reward=reward,
+            metrics=clean["metrics"],
+            patch=clean["patch"],
+            answer=clean["answer"],
+            error=clean["error"],
+        )
+
     # -- helpers -------------------------------------------------------------------------
     def _resolve(self, tokenizer: Any) -> Any:
         if tokenizer is None:
@@ -248,6 +290,24 @@ def _split(a: int, b: int, boundary: int) -> list[tuple[int, int]]:
 
 def _encode(tok: Any, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
+
+
+_SHARED_LOCK = threading.Lock()
+_SHARED: dict[tuple[int, tuple[str, ...]], Redactor] = {}
+
+
+def shared_redactor(extra: list[str], tokenizer: Any) -> Redactor:
+    """A redactor for this process's environment as it is now plus `extra`, reused while the secrets
+    and the tokenizer stay the same, so its per-token texts stay cached across episodes (a verl worker
+    builds one agent loop per sample). Also redacts this process's log records from now on."""
+    fresh = Redactor(extra=extra, tokenizer=tokenizer)
+    key = (id(tokenizer), tuple(fresh.values))  # the redactor holds the tokenizer: its id stays its own
+    with _SHARED_LOCK:
+        if len(_SHARED) > 16:  # secrets that keep changing: do not grow without bound
+            _SHARED.clear()
+        redactor = _SHARED.setdefault(key, fresh)
+    redact_logs(redactor)
+    return redactor
 
 
 # -- logs ----------------------------------------------------------------------------------

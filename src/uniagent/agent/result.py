@@ -76,7 +76,13 @@ class EpisodeResult:
 
     @property
     def trainable(self) -> bool:
-        return self.exit_reason.trainable and self.reward is not None
+        """`metrics.untrainable_reason` (a secret's tokens replaced, a text-only model) overrides a
+        trainable exit reason: the token record is not what the policy produced."""
+        return (
+            self.exit_reason.trainable
+            and self.reward is not None
+            and not self.metrics.get("untrainable_reason")
+        )
 
     @property
     def resolved(self) -> bool:

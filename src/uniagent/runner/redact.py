@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from uniagent.redact import MASK, Redactor, redact_logs
+from uniagent.redact import MASK, Redactor, redact_logs, setting_secrets
 from uniagent.runner.config import RunConfig
 
 __all__ = ["MASK", "Redactor", "run_redactor"]
@@ -18,7 +18,7 @@ def run_redactor(config: RunConfig) -> Redactor:
     """Also redacts this process's log records from now on."""
     from uniagent.runner.models import tokenizer_spec
 
-    secrets = [str(v) for k, v in config.sandbox.items() if "token" in k or "key" in k or "secret" in k]
+    secrets = setting_secrets(config.sandbox)
     spec = tokenizer_spec(config.model.spec, config.model.tokenizer)
 
     def load() -> Any:
