@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from conftest import require_module
-from run_helpers import gold_turns
+from run_helpers import call, gold_turns
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.tasks import load_tasks
@@ -390,6 +390,39 @@ def test_untrainable_episode_gets_zero_mask(base_config, tokenizer, codec, data_
         else:
             assert sample["mask"][:n_model] == [1] * n_model
         assert sample["score"] == 0.0
+
+
+SECRET = "sk-uniagent-test-9f8e7d6c5b4a"
+
+
+@pytest.mark.parametrize("policy", ["zero", "keep"])
+def test_episode_that_echoes_a_secret_reaches_verl_redacted_and_untrainable(
+    base_config, tokenizer, codec, data_dir, monkeypatch, policy
+) -> None:
+    """A secret in the environment, a replayed model that writes it and has bash print it again: no id
+    verl receives decodes to it (what `rollout_data_dir` would write), the episode is not trainable
+    (mask all zero, even under untrainable_mask=keep) and says why in its extra fields."""
+    monkeypatch.setenv("UNIAGENT_TEST_API_KEY", SECRET)
+    leak = f"My key is {SECRET}. " + call("bash", command=f"echo {SECRET}")
+    engine = scripted_engine(codec, {GOLD: [leak, call("submit")]})
+    server = EngineServer(engine, by_instance)
+    config = make_config(base_config, uniagent={"untrainable_mask": policy})
+    worker = make_worker(config, server, tokenizer)
+    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+    nt = out.non_tensor_batch
+    calls = calls_of(server, nt["request_id"][0])
+    assert any(SECRET in tokenizer.decode(c["token_ids"]) for c in calls), "the model did echo it"
+    assert nt["exit_reason"][0] == "finished"
+    assert not nt["trainable"][0] and nt["untrainable_reason"][0] == "secret_redacted"
+    sample = unpad(out, 0)
+    assert sum(sample["mask"]) == 0 and out.batch["response_mask"].sum() == 0
+    for name in ("prompts", "responses", "input_ids"):
+        for skip in (False, True):
+            text = tokenizer.decode(out.batch[name][0].tolist(), skip_special_tokens=skip)
+            assert SECRET not in text, name
+    text = tokenizer.decode(sample["prompt"] + sample["response"])
+    assert "[REDACTED]" in text and text.count("[REDACTED]") >= 2, "model text and tool output"
+    assert SECRET not in str(nt["error"][0])
 
 
 def test_response_is_cut_at_its_budget(base_config, tokenizer, codec, data_dir) -> None:

@@ -18,6 +18,12 @@ at the head of the response as context (mask 0), so prompt + response is still e
 sequence the policy saw. The response is then cut at `rollout.response_length`, ids, mask and
 logprobs at the same index.
 
+Secrets: every episode goes through `uniagent.redact` (the environment's secrets and the sandbox
+settings' tokens) before verl sees it, as `uniagent run` stores it: an episode whose tokens held a
+secret reaches verl with the secret's tokens replaced, an all-zero response mask (whatever
+`untrainable_mask` says) and `untrainable_reason: secret_redacted` in its extra fields, so neither
+the update nor verl's `rollout_data_dir` dump (decoded ids) holds the secret.
+
 Start-up checks (`settings.py`): the merged settings are validated in the constructor, the first
 uniagent code verl runs on a rollout worker, so a misspelt key fails the step with one line before
 the sample's episode starts (`uniagent verl command|launch` checks the same before launching).
@@ -51,6 +57,7 @@ from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.models.base import SamplingParams
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
+from uniagent.redact import setting_secrets, shared_redactor
 from uniagent.tasks.episode import run_episode
 from uniagent.tokens import ChatCodec
 
@@ -131,6 +138,7 @@ class UniAgentLoop(AgentLoopBase):
         self.codec = ChatCodec(
             self.tokenizer, template_kwargs=dict(_plain(self.apply_chat_template_kwargs) or {})
         )
+        self.redactor = shared_redactor(setting_secrets(self.settings.sandbox), self.tokenizer)
 
     def agent_config(self) -> AgentConfig:
         """The episode's budgets; the context never exceeds what verl can hold for one sample."""
@@ -182,8 +190,9 @@ class UniAgentLoop(AgentLoopBase):
             native_tools=self.settings.native_tools,
         )
         result = await run_episode(task, model, self.agent_config(), dict(self.settings.sandbox))
+        result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
-            prompt_ids = self.codec.prompt_ids(task.messages())
+            prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))
         else:
             prompt_ids = result.trajectory.prompt_ids
         return episode_output(
@@ -220,14 +229,17 @@ def episode_output(
         response, mask, logprobs = spill + response, [0] * overflow + mask, [0.0] * overflow + logprobs
     cut = max(0, len(response) - response_length)
     response, mask, logprobs = response[:response_length], mask[:response_length], logprobs[:response_length]
+    metrics = result.metrics
     trainable = result.trainable
-    if not trainable and untrainable_mask == "zero":
+    # `keep` is for an infrastructure failure's model tokens; tokens a secret was cut out of are not
+    # what the policy produced (`untrainable_reason`), so they never keep a mask.
+    if not trainable and (untrainable_mask == "zero" or metrics.get("untrainable_reason")):
         mask = [0] * len(mask)
     reward = float(result.reward.value) if result.reward is not None else 0.0
-    metrics = result.metrics
     extra_fields: dict[str, Any] = {
         "exit_reason": result.exit_reason.value,
         "trainable": trainable,
+        "untrainable_reason": metrics.get("untrainable_reason"),
         "drift": None if traj is None else traj.drift,
         "instance_id": metrics.get("instance_id"),
         "request_id": request_id,
