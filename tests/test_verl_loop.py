@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from conftest import require_module
-from run_helpers import call, gold_turns
+from run_helpers import call as tool_call
+from run_helpers import gold_turns
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.tasks import load_tasks
@@ -403,8 +404,8 @@ def test_episode_that_echoes_a_secret_reaches_verl_redacted_and_untrainable(
     verl receives decodes to it (what `rollout_data_dir` would write), the episode is not trainable
     (mask all zero, even under untrainable_mask=keep) and says why in its extra fields."""
     monkeypatch.setenv("UNIAGENT_TEST_API_KEY", SECRET)
-    leak = f"My key is {SECRET}. " + call("bash", command=f"echo {SECRET}")
-    engine = scripted_engine(codec, {GOLD: [leak, call("submit")]})
+    leak = f"My key is {SECRET}. " + tool_call("bash", command=f"echo {SECRET}")
+    engine = scripted_engine(codec, {GOLD: [leak, tool_call("submit")]})
     server = EngineServer(engine, by_instance)
     config = make_config(base_config, uniagent={"untrainable_mask": policy})
     worker = make_worker(config, server, tokenizer)
