@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_bwrap
+from conftest import needs_bwrap, require_module
 from run_helpers import write_replay
 from uniagent.errors import PreflightError
 from uniagent.runner import RunStore, build_config
@@ -161,3 +161,17 @@ def test_uniform_failures_stop_the_run_and_resume_completes_it(tmp_path: Path, s
     assert all(r["exit_reason"] == "finished" and r["resolved"] for r in rows)
     failed_first = {r["instance_id"] for r in first}
     assert all(r["attempts"] == (2 if r["instance_id"] in failed_first else 1) for r in rows)
+
+
+@needs_bwrap
+def test_a_ray_address_where_nothing_listens_fails_at_preflight(tmp_path: Path) -> None:
+    """`ray.init` against such an address waits for minutes (measured: over 5 minutes here)."""
+    require_module("ray", "the Ray runner backend (a verl dependency)")
+    port = closed_port()
+    proc = uniagent(
+        "run", "--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--limit", "1",
+        "--output", str(tmp_path / "run"), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0], proc.stderr[-2000:]

@@ -64,6 +64,22 @@ class EpisodeActor:
         return "ok"
 
 
+def check_address(address: str, timeout_s: float = 10.0) -> None:
+    """A `HOST:PORT` or `ray://HOST:PORT` cluster answers a TCP connection. `ray.init` against an
+    address where nothing listens waits for minutes; the preflight says so in seconds."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # `auto`, `local`: Ray resolves these itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise PreflightError(
+            f"preflight: no Ray cluster answers at {address} ({exc.strerror or exc}); check --ray-address"
+        ) from None
+
+
 async def run_on_ray(
     config: RunConfig,
     todo: list[tuple[Task, int]],
@@ -74,6 +90,7 @@ async def run_on_ray(
 
     if not ray.is_initialized():
         if config.runner.ray_address:
+            check_address(config.runner.ray_address)
             ray.init(address=config.runner.ray_address, log_to_driver=False)
         else:
             ray.init(num_cpus=max(2, config.runner.concurrency), include_dashboard=False, log_to_driver=False)
