@@ -363,6 +363,14 @@ async def test_timeout_interrupts_and_session_survives(runtime: Runtime) -> None
         assert "never" not in res.output
         res = await sb.exec("echo $MARK; pwd; ps -eo args | grep -c '[s]leep 30' || true")
         assert res.output.split() == ["still-here", "/tmp", "0"]
+        # The whole line stops, through the signals sent from a second `exec` in the container.
+        res = await sb.exec("echo before; sleep 30; echo never; touch never", timeout=1)
+        assert res.timed_out and res.exit_code == 130 and res.output.startswith("before\n")
+        assert "never" not in res.output
+        res = await sb.exec("for i in 1 2; do sleep 30; touch never-$i; done", timeout=1)
+        assert res.timed_out and res.exit_code == 130
+        res = await sb.exec("echo $MARK; ls /tmp | grep -c never || true")
+        assert res.output.split() == ["still-here", "0"]
 
 
 async def test_files_are_binary_safe(runtime: Runtime) -> None:

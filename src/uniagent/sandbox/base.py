@@ -14,6 +14,7 @@ import contextvars
 import io
 import logging
 import secrets
+import signal
 import tarfile
 import time
 import weakref
@@ -112,13 +113,17 @@ class Sandbox(ABC):
         proc = await self._spawn(["sh", "-c", tree_signal_script(session.shell_pid, sig)])
         await asyncio.wait_for(proc.communicate(), 10)
 
+    async def _signal_shell(self, session: ShellSession, sig: int) -> None:
+        """Default: a second process inside the sandbox signals the session's shell."""
+        if session.shell_pid is None:
+            return
+        proc = await self._spawn(["sh", "-c", f"kill -{int(sig)} {int(session.shell_pid)} 2>/dev/null; true"])
+        await asyncio.wait_for(proc.communicate(), 10)
+
     async def _kill_shell(self, session: ShellSession) -> None:
         """Kill a stuck session's shell inside the sandbox: killing the local launcher
         (`docker exec`, ...) does not stop the process it started on the other side."""
-        if session.shell_pid is None:
-            return
-        proc = await self._spawn(["sh", "-c", f"kill -9 {int(session.shell_pid)} 2>/dev/null; true"])
-        await asyncio.wait_for(proc.communicate(), 10)
+        await self._signal_shell(session, signal.SIGKILL)
 
     def _preamble(self) -> str:
         """Shell lines run when a session starts: PATH, env, cwd."""
@@ -220,6 +225,7 @@ class Sandbox(ABC):
                 self._spawn,
                 self._signal_tree,
                 kill_shell=self._kill_shell,
+                signal_shell=self._signal_shell,
                 name=name,
                 preamble=self._preamble(),
                 start_timeout_s=self.config.start_timeout_s,

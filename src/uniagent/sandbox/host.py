@@ -9,7 +9,7 @@ import os
 from uniagent.errors import ConfigError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import HostConfig
-from uniagent.sandbox.procs import find_with_arg, signal_descendants
+from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids
 from uniagent.sandbox.shell import ShellSession
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,18 @@ class HostSandbox(Sandbox):
     async def _kill_shell(self, session: ShellSession) -> None:
         return None  # the launched process is the shell itself
 
-    async def _signal_tree(self, session: ShellSession, sig: int) -> None:
+    def _shell(self, session: ShellSession) -> int | None:
         if session.proc is None:
-            return
-        shell = find_with_arg(session.proc.pid, session.token, "bash") or session.proc.pid
-        signal_descendants(shell, sig)
+            return None
+        return find_with_arg(session.proc.pid, session.token, "bash") or session.proc.pid
+
+    async def _signal_tree(self, session: ShellSession, sig: int) -> None:
+        if (shell := self._shell(session)) is not None:
+            signal_descendants(shell, sig)
+
+    async def _signal_shell(self, session: ShellSession, sig: int) -> None:
+        if (shell := self._shell(session)) is not None:
+            signal_pids([shell], sig)
 
 
 async def doctor_check() -> list[tuple[str, bool | None, str]]:

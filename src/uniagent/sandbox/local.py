@@ -274,11 +274,14 @@ class LocalSandbox(Sandbox):
         if pid is not None:
             procs.signal_descendants(pid, sig)
 
-    async def _kill_shell(self, session: ShellSession) -> None:
+    async def _signal_shell(self, session: ShellSession, sig: int) -> None:
         pid = self._shell_host_pid(session)
         if pid is not None:
-            procs.signal_pids([pid], signal.SIGKILL)
-            self._shell_pids.pop(session.token, None)
+            procs.signal_pids([pid], sig)
+
+    async def _kill_shell(self, session: ShellSession) -> None:
+        await self._signal_shell(session, signal.SIGKILL)
+        self._shell_pids.pop(session.token, None)
 
     # -- files: direct on the host for the workspace, through the shell elsewhere ---------
     def _host_path(self, path: str, *, parent_only: bool = False) -> Path | None:

@@ -298,9 +298,9 @@ class ModalSandbox(Sandbox):
         p = await self._spawn(list(argv))
         await asyncio.wait_for(p.communicate(), 30)
 
-    async def _kill_shell(self, session: ShellSession) -> None:
+    async def _signal_shell(self, session: ShellSession, sig: int) -> None:
         if session.shell_pid is not None:
-            await self._run("kill", "-9", str(session.shell_pid))
+            await self._run("kill", f"-{int(sig)}", str(session.shell_pid))
 
     # -- files: Modal's filesystem API (bytes), the shell when it is missing --------------
     def _fs(self) -> Any:

@@ -1,13 +1,15 @@
 """A persistent bash session over pipes, delimited by end markers.
 
-bash reads NUL-terminated commands on fd 7 and `eval`s each one in the same shell, so `cd`
+bash reads NUL-terminated commands on fd 7 and runs each one in the same shell, so `cd`
 and `export` persist; every command gets stdin from /dev/null, so nothing interactive can
 wait for input. After each command the shell prints a random per-session marker with the
 exit code and cwd. A round trip costs one pipe write and one read: no polling, no delays.
 
-On a timeout the session signals the shell's descendants (SIGINT, then SIGKILL), never the
-shell itself, so the session survives with its state. A shell that is stuck in a builtin or
-that died is restarted in its last working directory, and the next output says so.
+On a timeout the whole command line stops, not just the process running at that moment
+(`sleep 5; echo after` must never print "after"): the shell gets SIGUSR1, which it traps to
+abort the rest of the line (see `driver_script`), and its descendants get SIGINT, then
+SIGKILL. The shell itself survives with its cwd and variables. A shell that is still stuck
+or that died is restarted in its last working directory, and the next output says so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ Spawner = Callable[[list[str]], Awaitable[asyncio.subprocess.Process]]
 TreeSignaller = Callable[["ShellSession", int], Awaitable[None]]
 """Sends a signal to every descendant of the session's shell (not to the shell)."""
 
+ShellSignaller = Callable[["ShellSession", int], Awaitable[None]]
+"""Sends a signal to the session's shell only."""
+
+STOP_SIGNAL = signal.SIGUSR1
+"""What the shell traps to abort the rest of a command line (see `driver_script`)."""
+
 READ_CHUNK = 1 << 16
 
 
@@ -38,8 +46,7 @@ class ExecResult:
     """One command's outcome.
 
     `exit_code` is None when no exit status came back (the shell died or was restarted). After
-    a timeout it is the status the shell reported once the command was interrupted (usually
-    130), and `timed_out` is set: either way `ok` is False.
+    a timeout it is 130 (as after Ctrl-C) and `timed_out` is set: either way `ok` is False.
     """
 
     exit_code: int | None
@@ -54,16 +61,53 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+SOURCE_FD = 8
+"""The fd a command's text is sourced from (see `driver_script`)."""
+
+
 def driver_script(token: str, preamble: str = "") -> str:
-    """The bash program a session runs. `preamble` sets cwd, env and limits first."""
+    """The bash program a session runs. `preamble` sets cwd, env and limits first.
+
+    Each command runs as `. /dev/fd/8` of a one-line pipe, `eval "$__ua_cmd"`, rather than a
+    bare `eval`: sourced code is a subroutine that the shell can leave at once, from any depth
+    of loops and functions, and unlike a function wrapper it keeps `declare` global. To stop
+    a command the session sends the shell SIGUSR1 (not SIGINT, which may be ignored from the
+    start, and which a non-interactive bash would die of); the trap sets `extdebug` and a
+    DEBUG trap that returns 2 before each further simple command below the driver's depth,
+    which makes bash return from the sourced command: nothing of the line runs after it, and
+    nothing costs anything until then. A trapped signal waits for the running foreground
+    process to end; the session's SIGINT/SIGKILL to the descendants sees to that.
+
+    Here-strings go through a pipe from bash 5.1 on; older bash would need a temporary file
+    per command (and fail on a full disk), so it gets the line from a process substitution.
+    Where /dev/fd cannot be sourced at all, commands fall back to a plain `eval`, which stops
+    only the running process on a timeout. The ready line reports the path used.
+    """
+    fd = SOURCE_FD
+    line = "'eval \"$__ua_cmd\"'"
     return (
         "exec 7<&0 0</dev/null 2>&1\n"
         f"{preamble}\n"
         f"__ua_tok={token}\n"
-        'printf "%s-ready %d\\n" "$__ua_tok" "$$"\n'
-        "while IFS= read -r -d '' __ua_cmd <&7; do\n"
-        '  eval "$__ua_cmd" </dev/null\n'
-        "  __ua_rc=$?\n"
+        "__ua_stop() { __ua_stopped=1; shopt -s extdebug; trap __ua_skip DEBUG; }\n"
+        "__ua_skip() { ((${#BASH_SOURCE[@]} <= __ua_depth)) || return 2; }\n"
+        "__ua_top() { __ua_depth=${#BASH_SOURCE[@]}; }\n"
+        "__ua_top; __ua_src=; __ua_pipe=\n"
+        f"for __ua_p in /dev/fd/{fd} /proc/self/fd/{fd}; do\n"
+        f'  ( . "$__ua_p" ) {fd}< <(echo exit 0) 2>/dev/null && {{ __ua_src=$__ua_p; break; }}\n'
+        "done\n"
+        "((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)) && __ua_pipe=1\n"
+        "trap __ua_stop USR1\n"
+        'printf "%s-ready %d %s\\n" "$__ua_tok" "$$" "$__ua_src"\n'
+        "while :; do\n"
+        "  if [[ -n $__ua_stopped ]]; then trap - DEBUG; shopt -u extdebug; __ua_stopped=; fi\n"
+        # a signal that lands while waiting for the next command interrupts `read`: read again
+        "  IFS= read -r -d '' __ua_cmd <&7 || { (($? > 128)) && continue; break; }\n"
+        "  trap __ua_stop USR1\n"
+        '  if [[ -z $__ua_src ]]; then eval "$__ua_cmd"\n'
+        f'  elif [[ -n $__ua_pipe ]]; then . "$__ua_src" {fd}<<<{line}\n'
+        f'  else . "$__ua_src" {fd}< <(echo {line}); fi </dev/null\n'
+        "  __ua_rc=$?; [[ -z $__ua_stopped ]] || __ua_rc=130\n"
         '  printf "\\n%s %d %s\\n" "$__ua_tok" "$__ua_rc" "$PWD"\n'
         "done\n"
     )
@@ -78,6 +122,7 @@ class ShellSession:
         signal_tree: TreeSignaller,
         *,
         kill_shell: Callable[[ShellSession], Awaitable[None]] | None = None,
+        signal_shell: ShellSignaller | None = None,
         name: str = "default",
         preamble: str = "",
         cwd: str | None = None,
@@ -88,6 +133,7 @@ class ShellSession:
         self._spawn = spawn
         self._signal_tree = signal_tree
         self._kill_shell = kill_shell
+        self._signal_shell = signal_shell
         self._preamble = preamble
         self.cwd = cwd
         self.start_timeout_s = start_timeout_s
@@ -95,6 +141,7 @@ class ShellSession:
         self.token = "__UA_" + secrets.token_hex(8)
         self.proc: asyncio.subprocess.Process | None = None
         self.shell_pid: int | None = None  # as seen inside the sandbox
+        self.source_path = ""  # what the shell sources each command from; "" for plain eval
         self.restarts = 0
         self._pending = bytearray()
         self._lock = asyncio.Lock()
@@ -132,8 +179,9 @@ class ShellSession:
         assert self.proc and self.proc.stdout
         line = await self.proc.stdout.readuntil(f"{self.token}-ready ".encode())
         del line
-        pid_line = await self.proc.stdout.readline()
-        self.shell_pid = int(pid_line.strip())
+        pid, _, path = (await self.proc.stdout.readline()).decode(errors="replace").strip().partition(" ")
+        self.shell_pid = int(pid)
+        self.source_path = path
 
     async def run(
         self, command: str, timeout: float | None = None, max_output: int | None = 30_000
@@ -182,6 +230,10 @@ class ShellSession:
             state["eof"] = True
         duration = time.perf_counter() - started
         text = buf.text()
+        if self.source_path:
+            # The shell's own messages name the path it sourced the command from; they read
+            # "bash: line 2: foo: command not found", with the line in the command.
+            text = text.replace(f"{self.source_path}: ", "bash: ")
         if "rc" in state:
             code: int | None = int(state["rc"])  # type: ignore[call-overload]
             self.cwd = str(state.get("cwd") or self.cwd or "") or None
@@ -227,7 +279,9 @@ class ShellSession:
             self._pending += chunk
 
     async def _stop_command(self, buf: ClippedBuffer, state: dict[str, object]) -> None:
-        """SIGINT what the command started, then SIGKILL it; restart the shell if it is stuck."""
+        """Stop the whole line: the shell first (so that nothing after the running process
+        starts), SIGINT to what the command started, then SIGKILL; restart a stuck shell."""
+        await self._stop_shell()
         plan = [(signal.SIGINT, self.interrupt_grace_s)] + [(signal.SIGKILL, 0.3)] * 6
         for sig, wait in plan:
             with contextlib.suppress(Exception):
@@ -241,8 +295,15 @@ class ShellSession:
                 break
         await self._kill_proc()
 
+    async def _stop_shell(self) -> None:
+        """Tell the shell to abort the rest of the running command line (see `driver_script`)."""
+        if self._signal_shell is not None and self.source_path:
+            with contextlib.suppress(Exception):
+                await self._signal_shell(self, STOP_SIGNAL)
+
     async def interrupt(self) -> None:
-        """Interrupt whatever runs now (from another task), as Ctrl-C would."""
+        """Interrupt the running command line (from another task), as Ctrl-C would."""
+        await self._stop_shell()
         await self._signal_tree(self, signal.SIGINT)
 
     async def _kill_proc(self, tree: bool = True) -> None:
