@@ -305,6 +305,61 @@ def test_step_with_too_many_infra_failures_stops_training(trainer, monkeypatch) 
     assert trainer.step == step + 1
 
 
+def test_episode_that_echoes_a_secret_is_redacted_and_not_trained_on(trainer, monkeypatch) -> None:
+    """A secret in the environment and in the sandbox settings; the (replayed) policy writes it. The
+    step's episodes come back with no id decoding to it, not trainable (secret_redacted), so the
+    update trains on none of them; the checkpoint's config snapshot and metrics.jsonl hold neither
+    secret. The rollout, sandbox, verifier and update are the real ones; only the model's words are
+    scripted (a 135M model does not echo keys on demand)."""
+    from agent_helpers import call
+    from uniagent.models.base import Generation
+    from uniagent.models.replay import ReplayEngine, ReplayRecord
+    from uniagent.train.local import METRICS
+
+    secret, token = "sk-uniagent-train-0a1b2c3d4e5f", "hf_uniagent_sandbox_77aa88bb"
+    monkeypatch.setenv("UNIAGENT_TEST_API_KEY", secret)
+    cfg = trainer.cfg.model_copy(update={"sandbox": {"type": "local", "env": {"HF_TOKEN": token}}})
+    monkeypatch.setattr(trainer, "cfg", cfg)
+    task = load_toy_tasks(limit=1)[0]
+    text = f"Using {secret} and {token}. " + call("finish", answer=task.answer)
+    ids = trainer.codec.encode(text) + trainer.codec.eot_ids
+
+    def replay() -> ReplayEngine:  # the policy's turn, for each sample of the step (prompts unrecorded)
+        gen = Generation(ids, [-0.5] * len(ids), "stop")
+        rids = [f"{task.instance_id}#{trainer.step}#{k}" for k in range(cfg.trainer.group_size)]
+        return ReplayEngine([ReplayRecord(r, gen, 0, None, "0" * 64) for r in rids], strict=False)
+
+    engine = trainer.engine
+    monkeypatch.setattr(trainer, "engine", replay())
+    samples = asyncio.run(trainer.rollout([task]))
+    assert len(samples) == cfg.trainer.group_size
+    tok = trainer.codec.tokenizer
+    for s in samples:
+        r = s.result
+        assert r.exit_reason is ExitReason.FINISHED and r.resolved, "a good episode otherwise"
+        assert not r.trainable and r.metrics["untrainable_reason"] == "secret_redacted"
+        t = r.trajectory
+        for seq in (t.prompt_ids + t.response_ids, t.response_ids):
+            for skip in (False, True):
+                decoded = tok.decode(seq, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+                assert secret not in decoded and token not in decoded
+        assert "[REDACTED]" in tok.decode(t.response_ids)
+        assert secret not in json.dumps(r.to_dict()) and token not in json.dumps(r.to_dict())
+    assert trainer.update(samples)["episodes_trained"] == 0
+
+    async def rollout(tasks):  # the same samples through a whole step (the real engine's counters)
+        return samples
+
+    monkeypatch.setattr(trainer, "engine", engine)
+    monkeypatch.setattr(trainer, "rollout", rollout)
+    row = asyncio.run(trainer.train_step())
+    assert row["untrainable"] == row["episodes"] == cfg.trainer.group_size and row["episodes_trained"] == 0
+    state = torch.load(trainer.save(), weights_only=False)
+    stored = json.dumps(state["config"]) + (trainer.out / METRICS).read_text()
+    assert state["config"]["sandbox"]["env"]["HF_TOKEN"] == "[REDACTED]"
+    assert secret not in stored and token not in stored
+
+
 # ----------------------------------------------------------------------------- config and CLI
 
 

@@ -25,6 +25,9 @@ How a step works, and why
    an infrastructure failure is not a zero reward. When more than
    `trainer.max_infra_failure_share` of a step's episodes failed that way, training stops with a
    `TrainingError` naming the counts per exit reason: the rest is no honest sample of the policy.
+   Every episode first goes through `uniagent.redact` (the environment's secrets, the sandbox
+   settings' tokens): one whose tokens held a secret is not trained on (`secret_redacted`), and the
+   config snapshot (checkpoints, W&B) and `metrics.jsonl` rows are redacted as `uniagent run`'s are.
 3. **Advantages, policy loss, KL, aggregation** come from verl's `core_algos` by name
    (`algo.adv_estimator`, `algo.loss_mode`, `algo.loss_agg_mode`, `algo.kl_loss_type`), so the
    objective is verl's. Old logprobs are the engine's (`Trajectory.response_logprobs`); current
@@ -60,6 +63,7 @@ import torch
 
 from uniagent.agent.result import EpisodeResult, check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
 from uniagent.train import algo
 from uniagent.train.config import TrainConfig
@@ -136,12 +140,17 @@ class LocalTrainer:
             self._load(existing[-1])
         elif not resume:
             (self.out / METRICS).unlink(missing_ok=True)
-        self._writers = _Writers(self.out, cfg)
+        self._writers = _Writers(self.out, cfg, self.redactor)
         # Updates and saves run on one dedicated thread: a fresh pool thread per step would give each
         # its own malloc arena and OpenMP team (memory fragmentation, slower kernels on few cores).
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
 
     # ------------------------------------------------------------------------------- rollout
+
+    def redactor(self) -> Redactor:
+        """The environment's secrets (as they are now) and the sandbox settings' tokens, redacted
+        as `uniagent run` redacts what it stores: the same `uniagent.redact`."""
+        return shared_redactor(setting_secrets(self.cfg.sandbox), self.codec.tokenizer)
 
     def pick_tasks(self) -> list[Task]:
         n = min(self.cfg.trainer.tasks_per_step, len(self.tasks))
@@ -157,6 +166,7 @@ class LocalTrainer:
 
         cfg = self.cfg
         gate = asyncio.Semaphore(cfg.trainer.concurrency)
+        redactor = self.redactor()
 
         async def one(task: Task, k: int) -> Sample:
             sample = self.step * cfg.trainer.group_size + k
@@ -170,6 +180,8 @@ class LocalTrainer:
             model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
             async with gate:
                 result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+            # an episode whose tokens held a secret is not trained on (the policy would learn to say it)
+            result = await asyncio.to_thread(redactor.episode, result)
             return Sample(task, task.instance_id, result)
 
         jobs = [one(t, k) for t in tasks for k in range(cfg.trainer.group_size)]
@@ -349,7 +361,7 @@ class LocalTrainer:
                 "numpy": np.random.get_state(),
                 "torch": torch.get_rng_state(),
             },
-            "config": self.cfg.model_dump(mode="json"),
+            "config": self.redactor().data(self.cfg.model_dump(mode="json")),
         }
         tmp = path.with_suffix(".pt.tmp")
         torch.save(state, tmp)
@@ -422,8 +434,10 @@ def _truncate_metrics(path: Path, step: int) -> None:
 class _Writers:
     """metrics.jsonl always; TensorBoard and W&B only when installed (and W&B only when asked)."""
 
-    def __init__(self, out: Path, cfg: TrainConfig) -> None:
+    def __init__(self, out: Path, cfg: TrainConfig, redactor: Any) -> None:
+        """`redactor()`: the trainer's redactor; the config and every row pass through it."""
         self.path = out / METRICS
+        self.redactor = redactor
         self.tb: Any = None
         self.wandb: Any = None
         if cfg.trainer.tensorboard:
@@ -435,11 +449,11 @@ class _Writers:
             with contextlib.suppress(ImportError):
                 import wandb
 
-                self.wandb = wandb.init(
-                    project=cfg.trainer.wandb_project, config=cfg.model_dump(mode="json"), dir=str(out)
-                )
+                config = redactor().data(cfg.model_dump(mode="json"))
+                self.wandb = wandb.init(project=cfg.trainer.wandb_project, config=config, dir=str(out))
 
     def write(self, row: dict[str, Any]) -> None:
+        row = self.redactor().data(row)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
