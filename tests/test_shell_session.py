@@ -104,12 +104,14 @@ STOPPED_LINES = [
 async def test_timeout_stops_the_whole_command_line(sb: sandbox.Sandbox) -> None:
     """Nothing of a timed-out line runs after the timeout (not just the running process),
     and what was set before it stays. One session per line, all at once; each line runs
-    both ways the shell reads a command (a pipe, or the process substitution of bash < 5.1)."""
+    both ways the shell reads a command (a file, or a process substitution without one)."""
     runs = [(f"{mode}{i}", line) for mode in "ps" for i, line in enumerate(STOPPED_LINES)]
     for name, _ in runs:
         if name.startswith("s"):
-            await sb.exec("__ua_pipe=", session=name)  # the driver's switch (see driver_script)
-        await sb.exec("mkdir -p d && cd d && export KEEP=yes && declare -A MAP=([k]=v)", session=name)
+            # the driver's switch to its fallback (see driver_script)
+            await sb.exec("__ua_src=/dev/fd/8 __ua_sub=1", session=name)
+        # `set -u` too: the driver's own variables must all be set
+        await sb.exec("set -u; mkdir -p d && cd d && export KEEP=yes && declare -A MAP=([k]=v)", session=name)
     results = await asyncio.gather(*(sb.exec(line, timeout=1, session=name) for name, line in runs))
     for (name, line), r in zip(runs, results, strict=True):
         assert r.timed_out and r.exit_code == 130 and "timed out after 1s" in r.output, (name, line)

@@ -61,27 +61,31 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-SOURCE_FD = 8
-"""The fd a command's text is sourced from (see `driver_script`)."""
+SOURCE_FD = 97
+"""Where the shell keeps the one-line file it sources each command through (see
+`driver_script`): high enough that a script's own `exec 3>...` and bash's `{var}` fds (from
+10 up) leave it alone."""
 
 
 def driver_script(token: str, preamble: str = "") -> str:
     """The bash program a session runs. `preamble` sets cwd, env and limits first.
 
-    Each command runs as `. /dev/fd/8` of a one-line pipe, `eval "$__ua_cmd"`, rather than a
+    Each command runs as `. /dev/fd/97`, a file that reads `eval "$__ua_cmd"`, rather than a
     bare `eval`: sourced code is a subroutine that the shell can leave at once, from any depth
     of loops and functions, and unlike a function wrapper it keeps `declare` global. To stop
     a command the session sends the shell SIGUSR1 (not SIGINT, which may be ignored from the
-    start, and which a non-interactive bash would die of); the trap sets `extdebug` and a
-    DEBUG trap that returns 2 before each further simple command below the driver's depth,
-    which makes bash return from the sourced command: nothing of the line runs after it, and
-    nothing costs anything until then. A trapped signal waits for the running foreground
-    process to end; the session's SIGINT/SIGKILL to the descendants sees to that.
+    start); the trap sets `extdebug` and a DEBUG trap that returns 2 before each further simple
+    command below the driver's depth, which makes bash return from the sourced command:
+    nothing of the line runs after it, and nothing costs anything until then. A trapped signal
+    waits for the running foreground process to end; the session's SIGINT/SIGKILL to the
+    descendants sees to that. A command that replaces the USR1 trap gets the restart path.
 
-    Here-strings go through a pipe from bash 5.1 on; older bash would need a temporary file
-    per command (and fail on a full disk), so it gets the line from a process substitution.
-    Where /dev/fd cannot be sourced at all, commands fall back to a plain `eval`, which stops
-    only the running process on a timeout. The ready line reports the path used.
+    The file is written once, kept open on fd 97 and unlinked; each `.` reopens it through
+    /dev/fd, which costs a few microseconds (a here-string would cost a pipe per command).
+    Without a writable temporary directory the line comes from a process substitution on
+    fd 8 (a fork per command); where /dev/fd cannot be sourced at all, commands fall back to
+    a plain `eval`, which stops only the running process on a timeout. The ready line
+    reports the path sourced.
     """
     fd = SOURCE_FD
     line = "'eval \"$__ua_cmd\"'"
@@ -92,21 +96,28 @@ def driver_script(token: str, preamble: str = "") -> str:
         "__ua_stop() { __ua_stopped=1; shopt -s extdebug; trap __ua_skip DEBUG; }\n"
         "__ua_skip() { ((${#BASH_SOURCE[@]} <= __ua_depth)) || return 2; }\n"
         "__ua_top() { __ua_depth=${#BASH_SOURCE[@]}; }\n"
-        "__ua_top; __ua_src=; __ua_pipe=\n"
-        f"for __ua_p in /dev/fd/{fd} /proc/self/fd/{fd}; do\n"
-        f'  ( . "$__ua_p" ) {fd}< <(echo exit 0) 2>/dev/null && {{ __ua_src=$__ua_p; break; }}\n'
+        "__ua_top; __ua_stopped=; __ua_src=; __ua_sub=\n"
+        'for __ua_d in "${TMPDIR:-/tmp}" /tmp /dev/shm; do\n'
+        "  __ua_f=$__ua_d/.uniagent-$__ua_tok\n"
+        f'  {{ echo {line} >"$__ua_f" && exec {fd}<"$__ua_f"; }} 2>/dev/null || continue\n'
+        '  rm -f -- "$__ua_f" 2>/dev/null; break\n'
         "done\n"
-        "((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)) && __ua_pipe=1\n"
+        f"for __ua_p in /dev/fd/{fd} /proc/self/fd/{fd}; do\n"
+        "  ( __ua_cmd='exit 0'; . \"$__ua_p\" ) 2>/dev/null && { __ua_src=$__ua_p; break; }\n"
+        "done\n"
+        "[[ -n $__ua_src ]] || for __ua_p in /dev/fd/8 /proc/self/fd/8; do\n"
+        f"  ( __ua_cmd='exit 0'; . \"$__ua_p\" ) 8< <(echo {line}) 2>/dev/null &&\n"
+        "    { __ua_src=$__ua_p; __ua_sub=1; break; }\n"
+        "done\n"
         "trap __ua_stop USR1\n"
         'printf "%s-ready %d %s\\n" "$__ua_tok" "$$" "$__ua_src"\n'
         "while :; do\n"
         "  if [[ -n $__ua_stopped ]]; then trap - DEBUG; shopt -u extdebug; __ua_stopped=; fi\n"
         # a signal that lands while waiting for the next command interrupts `read`: read again
         "  IFS= read -r -d '' __ua_cmd <&7 || { (($? > 128)) && continue; break; }\n"
-        "  trap __ua_stop USR1\n"
         '  if [[ -z $__ua_src ]]; then eval "$__ua_cmd"\n'
-        f'  elif [[ -n $__ua_pipe ]]; then . "$__ua_src" {fd}<<<{line}\n'
-        f'  else . "$__ua_src" {fd}< <(echo {line}); fi </dev/null\n'
+        '  elif [[ -z $__ua_sub ]]; then . "$__ua_src"\n'
+        f'  else . "$__ua_src" 8< <(echo {line}); fi </dev/null\n'
         "  __ua_rc=$?; [[ -z $__ua_stopped ]] || __ua_rc=130\n"
         '  printf "\\n%s %d %s\\n" "$__ua_tok" "$__ua_rc" "$PWD"\n'
         "done\n"
