@@ -185,6 +185,58 @@ def test_every_recipe_composes_against_verls_config() -> None:
         compose_for(build_command("starter_grpo", ["actor_rollout_ref.rollout.not_a_verl_key=1"]))
 
 
+MAIN_PPO_RECIPES = ["starter_grpo", "starter_gspo", "swe_grpo", "swe_gspo"]
+
+
+def test_main_ppo_recipes_run_verls_legacy_trainer(monkeypatch) -> None:
+    """verl's own `main_ppo.main` (the hydra task function, given the composed config) picks the
+    legacy TaskRunner for every main_ppo recipe: the trainer where UniAgentLoop's raise fails the
+    step (see launch.py). Only `run_ppo`, which would start Ray and the GPU workers, is replaced, to
+    record which runner it gets; the same command with use_v1=True reaches V1's runner."""
+    import verl.trainer.main_ppo as main_ppo
+    from verl.trainer.main_ppo_v0 import TaskRunner
+
+    runners: list[type] = []
+    monkeypatch.setattr(
+        main_ppo, "run_ppo", lambda config, task_runner_class: runners.append(task_runner_class)
+    )
+    assert {n for n in available_recipes() if load_recipe(n)["entrypoint"] == "verl.trainer.main_ppo"} == set(
+        MAIN_PPO_RECIPES
+    )
+    for name in MAIN_PPO_RECIPES:
+        cfg = compose_for(build_command(name, []))
+        assert cfg.trainer.use_v1 is False
+        main_ppo.main(cfg)
+        assert runners.pop() is TaskRunner, name
+    v1 = build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=1.0"])
+    main_ppo.main(compose_for(v1))
+    assert runners.pop() is main_ppo.TaskRunnerV1
+
+
+def test_verl_command_refuses_v1_while_the_failure_check_is_on() -> None:
+    """Turning verl's V1 trainer back on (or deleting the key, which means V1) with the check on is one
+    ConfigError naming both settings, from `uniagent verl command` and `uniagent train --engine verl`;
+    turning the check off (share 1.0) allows it, and the fully-async entry point is not affected."""
+    from uniagent.cli import app
+
+    for bad in (["trainer.use_v1=True"], ["trainer.use_v1=true"], ["~trainer.use_v1"]):
+        for args in (
+            ["verl", "command", "swe_gspo", *bad],
+            ["train", "--engine", "verl", "--config", "starter_grpo", "--print", "--set", bad[0]],
+        ):
+            result = CliRunner().invoke(app, args)
+            assert isinstance(result.exception, ConfigError), (args, result.output)
+            message = str(result.exception)
+            assert "trainer.use_v1" in message and "uniagent.max_infra_failure_share=0.5" in message
+            assert "\n" not in message and result.output == ""
+    with pytest.raises(ConfigError, match=r"max_infra_failure_share=0\.2"):
+        build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=0.2"])
+    ok = build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=1.0"])
+    assert "trainer.use_v1=True" in ok
+    assert "trainer.use_v1=False" in build_command("starter_grpo", [])
+    build_command("starter_gspo_fully_async", [])
+
+
 def test_build_command_overrides_and_vars() -> None:
     command = build_command(
         "starter_gspo", ["actor_rollout_ref.rollout.n=4", "model@=Qwen/Qwen3-8B", "+trainer.extra_flag=1"]

@@ -10,6 +10,17 @@ interpreter, and any key of the recipe's `vars:` (e.g. `{data_dir}`, `{model}`).
 replace the recipe's override for the same key (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike),
 so a recipe is a starting point, never a cage; `vars` are set with `VAR@=value`, e.g.
 `model@=Qwen/Qwen3-8B`.
+
+Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
+(`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt
+(`AgentLoopWorkerTQ.generate_sequences`): a sample's exception only marks its prompt's group
+`failure`, verl logs it and the sync replay buffer trains on the rest, padding what is missing.
+`UniAgentLoop`'s step check (`uniagent.max_infra_failure_share`) works by raising, so there it
+could never stop a step. The legacy trainer (`main_ppo_v0`, still shipped in 0.9.x, which our
+`verl<0.10` pin holds) gathers each worker's samples in one `asyncio.gather` and `ray.get`s them in
+`fit`, so the raise fails the step and the run; it is also the path the tests run, and it does not
+need TransferQueue (V1 does, from verl's `verl-core` extra). So the `main_ppo` recipes set
+`trainer.use_v1=False`, and a command that turns V1 back on while the check is on is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from uniagent.errors import ConfigError
 AGENT_LOOP_YAML = Path(__file__).with_name("agent_loop.yaml")
 RECIPES_DIR = Path(__file__).resolve().parents[4] / "recipes" / "verl"
 
+USE_V1 = "trainer.use_v1"
 ENTRYPOINTS = {
     "verl.trainer.main_ppo",
     "verl.experimental.fully_async_policy.fully_async_main",
@@ -98,8 +110,32 @@ def build_command(recipe: str | Path, overrides: list[str]) -> list[str]:
 
     data = load_recipe(recipe)
     resolved = resolve_overrides(data, list(overrides))
-    check_overrides(resolved)
+    check_trainer_path(data["entrypoint"], resolved, check_overrides(resolved))
     return [sys.executable, "-m", data["entrypoint"], *resolved]
+
+
+def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, Any]) -> None:
+    """Refuse verl's V1 trainer for `main_ppo` while a `UniAgentLoop` entry (`loops`: settings by
+    entry name) has the infrastructure-failure check on: V1 would drop the failed group and train on
+    (see the module docstring). `+uniagent.max_infra_failure_share=1.0` turns the check off."""
+    if entrypoint != "verl.trainer.main_ppo":
+        return
+    value = None  # absent or deleted: verl's default, V1
+    for item in overrides:
+        if override_key(item) == USE_V1:
+            value = None if item.startswith("~") else item.partition("=")[2].strip().lower()
+    checked = {
+        name: s.max_infra_failure_share for name, s in loops.items() if s.max_infra_failure_share < 1.0
+    }
+    if value == "false" or not checked:
+        return
+    share = min(checked.values())
+    raise ConfigError(
+        f"{USE_V1}={value or 'true (verl default)'}: verl's V1 trainer drops a prompt group whose sample "
+        f"failed and trains on the rest, so uniagent.max_infra_failure_share={share:g} cannot stop a step; "
+        f"keep {USE_V1}=False (the recipes' setting) or pass +uniagent.max_infra_failure_share=1.0 "
+        "to train under V1 without the check"
+    )
 
 
 def launch(recipe: str | Path, overrides: list[str]) -> int:

@@ -33,10 +33,12 @@ that verl's worker started together (one `generate_sequences` call gathers them 
 turn) and, when the last of them ends, raises `TrainingError` if more than
 `max_infra_failure_share` of them ended in an untrainable exit reason. The exception leaves `run`,
 so verl's `asyncio.gather` in `AgentLoopWorker.generate_sequences` fails and so does the step
-(`main_ppo` with `trainer.use_v1=False`: the worker's chunk of the step; the fully-async rollouter:
-one prompt's group) instead of training on what is left. Under verl's V1 trainer
-(`trainer.use_v1=True`) workers fire and forget each prompt: verl logs the error and evicts that
-group, so there the check drops the group rather than stopping the run.
+instead of training on what is left: under `main_ppo`'s legacy trainer (`trainer.use_v1=False`, what
+our recipes set) the batch is the worker's chunk of the step and the run stops; under the
+fully-async rollouter it is one prompt's group, and the exception ends the rollouter's stream. Under
+verl's V1 trainer (`trainer.use_v1=True`, verl's default) workers fire and forget each prompt: verl
+logs the error and trains on the rest, so the check cannot stop anything there, and `uniagent verl
+command|launch` refuses V1 while the check is on (`launch.check_trainer_path`).
 """
 
 from __future__ import annotations

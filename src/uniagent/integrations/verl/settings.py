@@ -98,8 +98,10 @@ def _entry_kwargs(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in ("_target_", "name")}
 
 
-def check_agent_loop_file(path: str | Path, section: dict[str, Any] | None) -> list[str]:
-    """Validate every `UniAgentLoop` entry of an agent-loop YAML with `section` applied; their names."""
+def check_agent_loop_file(
+    path: str | Path, section: dict[str, Any] | None
+) -> dict[str, UniAgentLoopSettings]:
+    """Validate every `UniAgentLoop` entry of an agent-loop YAML with `section` applied; by name."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"{AGENT_LOOP_KEY}: {file} does not exist")
@@ -109,12 +111,11 @@ def check_agent_loop_file(path: str | Path, section: dict[str, Any] | None) -> l
         raise ConfigError(f"{AGENT_LOOP_KEY}: {file} is not valid YAML: {exc}") from None
     if not isinstance(entries, list):
         raise ConfigError(f"{AGENT_LOOP_KEY}: {file} must hold a list of agent-loop entries")
-    checked = []
+    checked = {}
     for entry in entries:
         if isinstance(entry, dict) and entry.get("_target_") == LOOP_TARGET:
             name = str(entry.get("name"))
-            validate_settings(merge_settings(_entry_kwargs(entry), section), name)
-            checked.append(name)
+            checked[name] = validate_settings(merge_settings(_entry_kwargs(entry), section), name)
     return checked
 
 
@@ -130,8 +131,9 @@ def uniagent_section(overrides: list[str]) -> dict[str, Any]:
     return section
 
 
-def check_overrides(overrides: list[str]) -> list[str]:
-    """Check the uniagent settings a verl command passes (its agent-loop YAML plus `uniagent.*`)."""
+def check_overrides(overrides: list[str]) -> dict[str, UniAgentLoopSettings]:
+    """Check the uniagent settings a verl command passes (its agent-loop YAML plus `uniagent.*`);
+    each `UniAgentLoop` entry's settings by name."""
     section = uniagent_section(overrides)
     paths = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == AGENT_LOOP_KEY]
     if not paths:
@@ -140,5 +142,5 @@ def check_overrides(overrides: list[str]) -> list[str]:
                 f"uniagent.* overrides are given but no {AGENT_LOOP_KEY}; "
                 "point it at uniagent's agent-loop YAML"
             )
-        return []
+        return {}
     return check_agent_loop_file(paths[-1], section)
