@@ -138,6 +138,14 @@ async def test_interrupt_from_another_task(sb: sandbox.Sandbox) -> None:
     await sess.interrupt()
     r = await asyncio.wait_for(task, 5)
     assert not r.timed_out and r.exit_code == 130 and "done-" not in r.output, "as Ctrl-C at a prompt"
+    # A stop that reaches an idle shell, or one whose line ended just then, stops nothing later.
+    await sess.interrupt()
+    await asyncio.sleep(0.1)
+    for t in (None, 0.05, 0.1, 0.15):
+        if t is not None:
+            await sb.exec("sleep 0.1; echo x", timeout=t)
+        r = await sb.exec("echo one; echo two")
+        assert (r.exit_code, r.output) == (0, "one\ntwo\n"), t
 
 
 async def test_nul_byte_is_refused(sb: sandbox.Sandbox) -> None:

@@ -112,9 +112,10 @@ def driver_script(token: str, preamble: str = "") -> str:
         "trap __ua_stop USR1\n"
         'printf "%s-ready %d %s\\n" "$__ua_tok" "$$" "$__ua_src"\n'
         "while :; do\n"
-        "  if [[ -n $__ua_stopped ]]; then trap - DEBUG; shopt -u extdebug; __ua_stopped=; fi\n"
-        # a signal that lands while waiting for the next command interrupts `read`: read again
         "  IFS= read -r -d '' __ua_cmd <&7 || { (($? > 128)) && continue; break; }\n"
+        # A stop that came late (the line had ended) or while idle ran its trap during `read`,
+        # before the next command arrived: that command starts afresh.
+        "  if [[ -n $__ua_stopped ]]; then trap - DEBUG; shopt -u extdebug; __ua_stopped=; fi\n"
         '  if [[ -z $__ua_src ]]; then eval "$__ua_cmd"\n'
         '  elif [[ -z $__ua_sub ]]; then . "$__ua_src"\n'
         f'  else . "$__ua_src" 8< <(echo {line}); fi </dev/null\n'
