@@ -61,66 +61,61 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-SOURCE_FD = 97
-"""Where the shell keeps the one-line file it sources each command through (see
-`driver_script`): high enough that a script's own `exec 3>...` and bash's `{var}` fds (from
-10 up) leave it alone."""
+SOURCE_FD = 8
+"""The fd the shell sources its command loop from (see `driver_script`)."""
+
+_LOOP = (
+    # One line, so that the shell's messages about a command count lines from its first.
+    "while :; do IFS= read -r -d '' __ua_cmd <&7 || { (($? > 128)) && continue; __ua_eof=1; break; }; "
+    "[[ -z $__ua_stopped ]] || { trap - DEBUG; shopt -u extdebug; __ua_stopped=; }; "
+    '__ua_ran=1; eval "$__ua_cmd" </dev/null; '
+    'printf "$__ua_fmt" "$__ua_tok" $? "$PWD" $((__ua_ran = 0)); done'
+)
 
 
 def driver_script(token: str, preamble: str = "") -> str:
     """The bash program a session runs. `preamble` sets cwd, env and limits first.
 
-    Each command runs as `. /dev/fd/97`, a file that reads `eval "$__ua_cmd"`, rather than a
-    bare `eval`: sourced code is a subroutine that the shell can leave at once, from any depth
-    of loops and functions, and unlike a function wrapper it keeps `declare` global. To stop
-    a command the session sends the shell SIGUSR1 (not SIGINT, which may be ignored from the
-    start); the trap sets `extdebug` and a DEBUG trap that returns 2 before each further simple
-    command below the driver's depth, which makes bash return from the sourced command:
-    nothing of the line runs after it, and nothing costs anything until then. A trapped signal
-    waits for the running foreground process to end; the session's SIGINT/SIGKILL to the
-    descendants sees to that. A command that replaces the USR1 trap gets the restart path.
+    Commands run in a read-`eval`-print loop, and that loop is itself sourced (from a process
+    substitution on fd 8, once at the start and again after each stop): sourced code is a
+    subroutine that the shell can leave at once, from any depth of loops and functions, and
+    unlike a function it keeps `declare` global. A command costs what a plain `eval` costs.
 
-    The file is written once, kept open on fd 97 and unlinked; each `.` reopens it through
-    /dev/fd, which costs a few microseconds (a here-string would cost a pipe per command).
-    Without a writable temporary directory the line comes from a process substitution on
-    fd 8 (a fork per command); where /dev/fd cannot be sourced at all, commands fall back to
-    a plain `eval`, which stops only the running process on a timeout. The ready line
-    reports the path sourced.
+    To stop a command the session sends the shell SIGUSR1 (not SIGINT, which may be ignored
+    from the start); the trap sets `extdebug` and a DEBUG trap that, while a command runs
+    (`__ua_ran`), returns 2 before each further simple command inside the loop, which makes
+    bash return from the sourced loop: nothing of the line runs after it. The driver then
+    prints the marker (status 130) and sources the loop again. A trapped signal waits for the
+    running foreground process to end; the session's SIGINT/SIGKILL to the descendants sees to
+    that. The marker's `printf` clears `__ua_ran` in its own expansion, so a stop that comes
+    as a line ends can never print a second marker; one that comes while the shell waits for
+    the next command is cleared once that command is read. `return` in a command leaves the
+    loop the same way, with its status. A command that replaces the USR1 trap gets the
+    restart path. Where /dev/fd cannot be sourced, the loop runs in a plain `eval`, which
+    stops only the running process on a timeout. The ready line reports the path sourced.
     """
     fd = SOURCE_FD
-    line = "'eval \"$__ua_cmd\"'"
     return (
         "exec 7<&0 0</dev/null 2>&1\n"
         f"{preamble}\n"
         f"__ua_tok={token}\n"
         "__ua_stop() { __ua_stopped=1; shopt -s extdebug; trap __ua_skip DEBUG; }\n"
-        "__ua_skip() { ((${#BASH_SOURCE[@]} <= __ua_depth)) || return 2; }\n"
+        "__ua_skip() { ((__ua_ran && ${#BASH_SOURCE[@]} > __ua_depth)) && return 2; return 0; }\n"
         "__ua_top() { __ua_depth=${#BASH_SOURCE[@]}; }\n"
-        "__ua_top; __ua_stopped=; __ua_src=; __ua_sub=\n"
-        'for __ua_d in "${TMPDIR:-/tmp}" /tmp /dev/shm; do\n'
-        "  __ua_f=$__ua_d/.uniagent-$__ua_tok\n"
-        f'  {{ echo {line} >"$__ua_f" && exec {fd}<"$__ua_f"; }} 2>/dev/null || continue\n'
-        '  rm -f -- "$__ua_f" 2>/dev/null; break\n'
-        "done\n"
+        "__ua_top; __ua_stopped=; __ua_src=; __ua_eof=; __ua_ran=0; __ua_rc=0\n"
+        "__ua_fmt='\\n%s %d %s\\n%.0s'\n"
+        f"__ua_loop={quote(_LOOP)}\n"
         f"for __ua_p in /dev/fd/{fd} /proc/self/fd/{fd}; do\n"
-        "  ( __ua_cmd='exit 0'; . \"$__ua_p\" ) 2>/dev/null && { __ua_src=$__ua_p; break; }\n"
-        "done\n"
-        "[[ -n $__ua_src ]] || for __ua_p in /dev/fd/8 /proc/self/fd/8; do\n"
-        f"  ( __ua_cmd='exit 0'; . \"$__ua_p\" ) 8< <(echo {line}) 2>/dev/null &&\n"
-        "    { __ua_src=$__ua_p; __ua_sub=1; break; }\n"
+        f'  ( . "$__ua_p" ) {fd}< <(echo exit 0) 2>/dev/null && {{ __ua_src=$__ua_p; break; }}\n'
         "done\n"
         "trap __ua_stop USR1\n"
         'printf "%s-ready %d %s\\n" "$__ua_tok" "$$" "$__ua_src"\n'
-        "while :; do\n"
-        "  IFS= read -r -d '' __ua_cmd <&7 || { (($? > 128)) && continue; break; }\n"
-        # A stop that came late (the line had ended) or while idle ran its trap during `read`,
-        # before the next command arrived: that command starts afresh.
-        "  if [[ -n $__ua_stopped ]]; then trap - DEBUG; shopt -u extdebug; __ua_stopped=; fi\n"
-        '  if [[ -z $__ua_src ]]; then eval "$__ua_cmd"\n'
-        '  elif [[ -z $__ua_sub ]]; then . "$__ua_src"\n'
-        f'  else . "$__ua_src" 8< <(echo {line}); fi </dev/null\n'
-        "  __ua_rc=$?; [[ -z $__ua_stopped ]] || __ua_rc=130\n"
-        '  printf "\\n%s %d %s\\n" "$__ua_tok" "$__ua_rc" "$PWD"\n'
+        "while [[ -z $__ua_eof ]]; do\n"
+        '  if [[ -z $__ua_src ]]; then eval "$__ua_loop"\n'
+        f'  else . "$__ua_src" {fd}< <(printf %s "$__ua_loop"); fi\n'
+        "  __ua_rc=$?\n"
+        "  [[ -z $__ua_stopped ]] || { __ua_rc=130; trap - DEBUG; shopt -u extdebug; __ua_stopped=; }\n"
+        '  ((__ua_ran)) && printf "$__ua_fmt" "$__ua_tok" "$__ua_rc" "$PWD" $((__ua_ran = 0))\n'
         "done\n"
     )
 
