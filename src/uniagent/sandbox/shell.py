@@ -46,7 +46,8 @@ class ExecResult:
     """One command's outcome.
 
     `exit_code` is None when no exit status came back (the shell died or was restarted). After
-    a timeout it is 130 (as after Ctrl-C) and `timed_out` is set: either way `ok` is False.
+    a timeout it is 130, as after Ctrl-C (the line's own status if it ended just as the timeout
+    came), and `timed_out` is set: either way `ok` is False.
     """
 
     exit_code: int | None
