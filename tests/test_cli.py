@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -196,7 +197,10 @@ def test_run_on_a_ray_cluster_given_by_address(tmp_path: Path, codec: ChatCodec)
         str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
     ]  # fmt: skip
-    with process(head) as proc:
+    # A cluster with token authentication, as Ray's current default is; the client must say so
+    # (Ray never enables it for an explicit address on its own).
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    with process(head, env={**os.environ, **auth}) as proc:
         deadline = time.monotonic() + 180
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
             assert proc.poll() is None and time.monotonic() < deadline, (
@@ -225,6 +229,7 @@ def test_run_on_a_ray_cluster_given_by_address(tmp_path: Path, codec: ChatCodec)
             text=True,
             timeout=400,
             check=False,
+            env={**os.environ, **auth},
         )
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Connecting to existing Ray cluster" in run.stderr, run.stderr[-2000:]

@@ -91,7 +91,15 @@ async def run_on_ray(
     if not ray.is_initialized():
         if config.runner.ray_address:
             check_address(config.runner.ray_address)
-            ray.init(address=config.runner.ray_address, log_to_driver=False)
+            try:
+                ray.init(address=config.runner.ray_address, log_to_driver=False)
+            except ConnectionError as exc:
+                # Ray never turns token authentication on for an explicit address by itself.
+                raise PreflightError(
+                    f"preflight: the Ray cluster at {config.runner.ray_address} did not accept the "
+                    f"connection ({exc}); a cluster with token authentication needs RAY_AUTH_MODE=token "
+                    "and its token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+                ) from None
         else:
             ray.init(num_cpus=max(2, config.runner.concurrency), include_dashboard=False, log_to_driver=False)
     n_actors = max(1, min(config.runner.concurrency, len(todo), 8))
