@@ -150,8 +150,12 @@ class OpenAIChatModel:
                 raise self._check_error(exc) from None
         except openai.APIError as exc:
             raise self._check_error(exc) from None
-        if self.model in listed:
-            return f"{self._endpoint} serves {self.model!r}"
+        if self.model in listed or (not self.model and listed):
+            return (
+                f"{self._endpoint} serves {self.model!r}"
+                if self.model
+                else f"{self._endpoint} serves {listed[:5]}"
+            )
         try:
             ping = [{"role": "user", "content": "ping"}]
             await self._client.chat.completions.create(
@@ -275,19 +279,13 @@ class OpenAIChatModel:
 async def doctor_check(
     base_url: str, api_key_env: str = "OPENAI_API_KEY"
 ) -> list[tuple[str, bool | None, str]]:
-    """`uniagent doctor --model openai:URL`: the endpoint answers an authenticated request
-    (`GET /models`, which costs no tokens), within 15 s and without retries."""
+    """`uniagent doctor --model openai:URL`: the same check a run's preflight makes
+    (`OpenAIChatModel.check`), within 15 s and without retries."""
     name = f"engine openai:{base_url}"
-    client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=os.environ.get(api_key_env) or "none", timeout=15.0, max_retries=0
-    )
-    try:
-        models = [m.id async for m in client.models.list()]
-    except openai.APIStatusError as exc:
-        return [(name, False, f"HTTP {exc.status_code} from GET /models: {str(exc)[:160]}")]
-    except openai.APIError as exc:
-        return [(name, False, f"no answer: {type(exc).__name__}: {str(exc)[:160]}")]
-    finally:
-        await client.close()
+    async with OpenAIChatModel("", base_url=base_url, api_key_env=api_key_env, timeout=15.0) as model:
+        try:
+            detail = await model.check(timeout_s=15.0)
+        except EngineError as exc:
+            return [(name, False, str(exc)[:200])]
     key = "" if os.environ.get(api_key_env) else f"; {api_key_env} not set"
-    return [(name, True, f"answered; models: {', '.join(models[:5]) or 'none listed'}{key}")]
+    return [(name, True, detail + key)]
