@@ -163,6 +163,11 @@ class Sandbox(ABC):
                 await self._safe_stop()
                 if attempt < cfg.start_retries:
                     await asyncio.sleep(min(0.5 * 2**attempt, 5))
+            except BaseException:
+                # Cancelled (Ctrl-C, a runner stopping early) or an unexpected error: what this
+                # attempt started is freed before the exception goes on, or it would leak.
+                await asyncio.shield(self._safe_stop())
+                raise
         raise SandboxStartError(
             f"could not start the {self.kind} sandbox after {cfg.start_retries + 1} attempts: {last}"
         ) from last

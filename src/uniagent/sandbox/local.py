@@ -103,7 +103,7 @@ class LocalSandbox(Sandbox):
                 f"cgroups for {', '.join(self._cgroup.missing)} are not available here; memory falls back "
                 "to RLIMIT_AS and the process limit is not enforced",
             )
-        self._proc = await asyncio.create_subprocess_exec(
+        self._proc = await procs.spawn(
             bwrap,
             *self._bwrap_args(),
             "sleep",
@@ -209,15 +209,8 @@ class LocalSandbox(Sandbox):
         return setup
 
     async def _stop(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 10)
-        if proc is not None and proc.stderr:
-            with contextlib.suppress(Exception):
-                proc._transport.close()  # type: ignore[attr-defined]
+        if self._proc is not None:
+            await procs.kill_process(self._proc, 10)
         if self._cgroup is not None:
             await asyncio.to_thread(self._cgroup.kill_all)
             await asyncio.to_thread(self._cgroup.remove)
@@ -239,7 +232,7 @@ class LocalSandbox(Sandbox):
         if self._init_pid is None or not await self._alive():
             raise SandboxDeadError("the local sandbox is not running")
         env = [f"{k}={v}" for k, v in self._env().items()]
-        return await asyncio.create_subprocess_exec(
+        return await procs.spawn(
             "nsenter",
             "-t",
             str(self._init_pid),

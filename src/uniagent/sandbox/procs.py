@@ -6,6 +6,7 @@ session's cwd and environment, so signals go to the shell's descendants, never i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shlex
@@ -92,6 +93,46 @@ def tree_signal_script(pid: int, sig: int) -> str:
         'walk() { for k in $(kids "$1"); do echo "$k"; walk "$k"; done; }; '
         f'for p in $(walk {int(pid)}); do kill -{int(sig)} "$p" 2>/dev/null; done; true'
     )
+
+
+async def spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
+    """`asyncio.create_subprocess_exec` that a cancellation cannot interrupt halfway.
+
+    On Python 3.11, cancelling create_subprocess_exec while it connects the pipes hangs
+    forever (its cleanup waits for a pipe that was never connected). So the spawn runs
+    shielded; a cancellation waits until the process exists, kills and reaps it, then goes on.
+    """
+    task = asyncio.ensure_future(asyncio.create_subprocess_exec(*argv, **kwargs))  # type: ignore[arg-type]
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is None:
+            await kill_process(task.result())
+        raise
+
+
+async def kill_process(proc: asyncio.subprocess.Process, wait_s: float = 5.0) -> None:
+    """SIGKILL an asyncio child, close our pipe ends and wait (bounded) until it is reaped.
+
+    The pipes are closed first: a grandchild the kill did not reach (bwrap's init before it
+    armed its parent-death signal) may hold their other ends, and `wait()` waits for EOF too.
+    """
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    transport = getattr(proc, "_transport", None)
+    for fd in (0, 1, 2):
+        with contextlib.suppress(Exception):
+            pipe = transport.get_pipe_transport(fd) if transport is not None else None
+            if pipe is not None:
+                pipe.close()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(proc.wait(), wait_s)
+    with contextlib.suppress(Exception):
+        transport.close()  # type: ignore[union-attr]
 
 
 def quote(s: str) -> str:

@@ -182,6 +182,10 @@ class ShellSession:
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             await self._kill_proc()
             raise SandboxDeadError(f"shell session {self.name!r} did not start: {exc!r}") from exc
+        except asyncio.CancelledError:
+            # A half-started shell nobody holds must not outlive the cancelled start.
+            await asyncio.shield(self._kill_proc())
+            raise
 
     async def _read_ready(self) -> None:
         assert self.proc and self.proc.stdout

@@ -68,6 +68,10 @@ async def setup_episode(
     except (SandboxError, OSError, TimeoutError) as exc:
         failure = failed_result(task, ExitReason.SANDBOX_DEAD, f"sandbox start/setup: {exc}", metrics)
         return EpisodeSetup(task, sb, failure=failure)
+    except BaseException:
+        # Cancelled or an unexpected error: the caller never gets `sb`, so it is stopped here.
+        await asyncio.shield(sb.stop())
+        raise
     return EpisodeSetup(task, sb, tools)
 
 
@@ -80,8 +84,9 @@ async def run_episode(
     """Never raises for episode-level failures: they come back as an exit reason."""
     metrics: dict[str, Any] = {"instance_id": task.instance_id}
     t0 = time.perf_counter()
-    ready = await setup_episode(task, sandbox, metrics)
+    ready: EpisodeSetup | None = None
     try:
+        ready = await setup_episode(task, sandbox, metrics)
         if ready.failure is not None or ready.sandbox is None:
             return ready.failure  # type: ignore[return-value]
         loop = AgentInteraction(model, ready.tools, agent)
@@ -91,6 +96,6 @@ async def run_episode(
     except asyncio.CancelledError:
         return failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     finally:
-        if ready.sandbox is not None:
+        if ready is not None and ready.sandbox is not None:
             await asyncio.shield(ready.sandbox.stop())
         metrics["episode_s"] = time.perf_counter() - t0

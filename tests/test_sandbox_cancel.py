@@ -1,0 +1,138 @@
+"""Cancelling a sandbox start or an episode's setup (Ctrl-C, a runner stopping early) must end
+promptly and leave no bubblewrap process behind (real bubblewrap).
+
+On Python 3.11 a cancellation that lands while create_subprocess_exec connects its pipes used
+to hang forever in asyncio's own cleanup, and a cancelled start or setup leaked the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import needs_bwrap
+from uniagent import sandbox
+from uniagent.agent import EpisodeResult, ExitReason
+from uniagent.models.base import ChatModel
+from uniagent.sandbox import procs
+from uniagent.sandbox.base import Sandbox
+from uniagent.tasks.base import Task
+from uniagent.tasks.episode import run_episode, setup_episode
+
+pytestmark = needs_bwrap
+
+CANCEL_BOUND_S = 5.0
+
+
+def _pids_with_arg(arg: str) -> list[int]:
+    """Live processes whose argv holds `arg` (bwrap carries its workspace path in its argv)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and arg in procs.cmdline(int(p.name)) and procs.alive(int(p.name)):
+            out.append(int(p.name))
+    return out
+
+
+async def _assert_no_process(arg: str) -> None:
+    # bwrap's init dies by its parent-death signal, a moment after bwrap itself.
+    deadline = time.monotonic() + 3
+    while _pids_with_arg(arg) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not _pids_with_arg(arg), f"processes of the sandbox left behind: {_pids_with_arg(arg)}"
+
+
+async def _cancel_after(task: asyncio.Task[Any], point: tuple[str, float]) -> None:
+    kind, n = point
+    if kind == "yield":  # n trips round the loop: lands inside create_subprocess_exec's awaits
+        for _ in range(int(n)):
+            await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(n)
+    task.cancel()
+
+
+CANCEL_POINTS = [("yield", n) for n in range(1, 9)] + [
+    ("sleep", d) for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+]
+
+
+async def test_cancelled_start_ends_promptly_and_leaks_nothing(tmp_path: Path) -> None:
+    for i, point in enumerate(CANCEL_POINTS):
+        ws = tmp_path / f"ws-cancel-{i}"
+        sb = sandbox.create({"workspace": str(ws), "start_retries": 0})
+        start = asyncio.ensure_future(sb.start())
+        await _cancel_after(start, point)
+        began = time.monotonic()
+        done, _ = await asyncio.wait({start}, timeout=CANCEL_BOUND_S)
+        assert start in done, f"cancelling the start at {point} hung for over {CANCEL_BOUND_S}s"
+        assert time.monotonic() - began < CANCEL_BOUND_S
+        if not start.cancelled():  # the start won the race: an ordinary stop must clean up
+            start.result()
+            await sb.stop()
+        assert not await sb.alive()
+        await _assert_no_process(str(ws))
+
+
+class _BlockingSetupTask(Task):
+    """Its setup starts work in the sandbox, then waits until cancelled."""
+
+    family = "test-blocking-setup"
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(row)
+        self.entered = asyncio.Event()
+        self.seen: list[Sandbox] = []
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "never reached"}]
+
+    def tools(self) -> list[str | dict[str, Any]]:
+        return []
+
+    async def setup(self, sandbox: Sandbox) -> None:
+        self.seen.append(sandbox)
+        await sandbox.exec("echo setting-up > marker")
+        self.entered.set()
+        await asyncio.Event().wait()
+
+    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Any:
+        raise AssertionError("not reached")
+
+
+async def _cancel_in_setup(tmp_path: Path, episode: Any) -> tuple[_BlockingSetupTask, asyncio.Task[Any]]:
+    task = _BlockingSetupTask({"instance_id": "cancel-setup"})
+    runner = asyncio.ensure_future(episode(task))
+    entered = asyncio.ensure_future(task.entered.wait())
+    await asyncio.wait({runner, entered}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    assert task.entered.is_set(), f"setup never started: {runner}"
+    runner.cancel()
+    done, _ = await asyncio.wait({runner}, timeout=CANCEL_BOUND_S)
+    assert runner in done, "cancelling during setup hung"
+    return task, runner
+
+
+async def test_cancel_run_episode_during_setup_stops_the_sandbox(tmp_path: Path) -> None:
+    # Copies of the task run the episode: the copy's setup still records into our list.
+    ws = tmp_path / "ws-episode"
+    model: ChatModel = None  # type: ignore[assignment]  # never called: the episode ends in setup
+    task, runner = await _cancel_in_setup(
+        tmp_path, lambda t: run_episode(t, model, sandbox={"workspace": str(ws)})
+    )
+    result = runner.result()
+    assert result.exit_reason == ExitReason.CANCELLED
+    (sb,) = task.seen
+    assert sb._stopped and not await sb.alive()
+    assert (ws / "marker").exists()
+    await _assert_no_process(str(ws))
+
+
+async def test_cancel_setup_episode_stops_the_sandbox(tmp_path: Path) -> None:
+    # The gateway harness calls setup_episode directly: the sandbox it never got must be stopped.
+    ws = tmp_path / "ws-setup"
+    task, runner = await _cancel_in_setup(tmp_path, lambda t: setup_episode(t, {"workspace": str(ws)}, {}))
+    assert runner.cancelled()
+    (sb,) = task.seen
+    assert sb._stopped and not await sb.alive()
+    await _assert_no_process(str(ws))
