@@ -8,6 +8,7 @@ to hang forever in asyncio's own cleanup, and a cancelled start or setup leaked 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,24 @@ async def test_cancel_setup_episode_stops_the_sandbox(tmp_path: Path) -> None:
     (sb,) = task.seen
     assert sb._stopped and not await sb.alive()
     await _assert_no_process(str(ws))
+
+
+async def test_cancelled_host_start_ends_promptly_and_leaks_no_shell(tmp_path: Path) -> None:
+    # The host backend's start spawns its first shell session: a cancel mid-spawn must not
+    # hang either, nor leave that shell (a child of this process) running.
+    before = set(procs.children(os.getpid()))
+    for i, point in enumerate(CANCEL_POINTS):
+        cfg = {"workdir": str(tmp_path / f"host-{i}"), "start_retries": 0}
+        sb = sandbox.create({"type": "host", "i_understand_there_is_no_isolation": True, **cfg})
+        start = asyncio.ensure_future(sb.start())
+        await _cancel_after(start, point)
+        done, _ = await asyncio.wait({start}, timeout=CANCEL_BOUND_S)
+        assert start in done, f"cancelling the host start at {point} hung for over {CANCEL_BOUND_S}s"
+        if not start.cancelled():
+            start.result()
+            await sb.stop()
+    deadline = time.monotonic() + 3
+    while set(procs.children(os.getpid())) - before and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    left = [p for p in set(procs.children(os.getpid())) - before if procs.alive(p)]
+    assert not left, f"shells left behind: {[procs.cmdline(p)[-1:] for p in left]}"

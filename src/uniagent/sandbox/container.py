@@ -51,7 +51,7 @@ from typing import IO
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import ContainerConfig
-from uniagent.sandbox.procs import quote
+from uniagent.sandbox.procs import quote, spawn
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ async def run_cli(
 ) -> CliResult:
     """Run a CLI to completion without blocking the loop; killed on timeout or cancellation."""
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await spawn(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -222,7 +222,7 @@ class ContainerSandbox(Sandbox):
         else:
             env = [f"--env={k}={v}" for k, v in self.config.env.items()]
             cmd = [self.cli, "exec", "--cleanenv", *env, f"instance://{self.name}", *argv]
-        return await asyncio.create_subprocess_exec(
+        return await spawn(
             *cmd,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -436,7 +436,7 @@ class ContainerSandbox(Sandbox):
         stdout (`drain`) by a thread, so neither the loop nor memory holds the archive."""
         r, w = os.pipe()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await spawn(
                 self.cli,
                 *args,
                 stdin=r if feed else asyncio.subprocess.DEVNULL,

@@ -9,7 +9,7 @@ import os
 from uniagent.errors import ConfigError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import HostConfig
-from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids
+from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids, spawn
 from uniagent.sandbox.shell import ShellSession
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class HostSandbox(Sandbox):
         return None
 
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
+        return await spawn(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
