@@ -175,3 +175,25 @@ def test_a_ray_address_where_nothing_listens_fails_at_preflight(tmp_path: Path) 
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0], proc.stderr[-2000:]
+
+
+def test_an_image_row_whose_backend_cannot_honour_a_setting_fails_at_start(tmp_path: Path) -> None:
+    """`ro_binds` is a bubblewrap setting: a container cannot honour it, so a run whose rows have
+    images stops before any episode with the key and the row named (not an internal_error each)."""
+    rows = tmp_path / "rows.jsonl"
+    row = {
+        "family": "swe",
+        "instance_id": "img-001",
+        "problem_statement": "x",
+        "image": "example:1",
+        "test_cmd": "true",
+    }
+    rows.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "run"
+    proc = uniagent(
+        "run", "--tasks", str(rows), "--model", "replay:/nonexistent.jsonl", "--output", str(out),
+        "--set", "sandbox.ro_binds=[/opt]",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "img-001" in proc.stderr and "ro_binds" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -113,6 +113,7 @@ class Runner:
             planned = len(tasks) * cfg.runner.samples
             store.set_meta("planned", planned)
             todo = self.pending(tasks, store)
+            check_sandbox_configs([t for t, _ in todo], cfg.sandbox)
             self.progress = Progress(total=planned, skipped=planned - len(todo))
             self.progress.done = planned - len(todo)
             self._notify()
@@ -160,7 +161,9 @@ class Runner:
                     result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
                 else:
                     result = await run_episode(task, model, cfg.agent, cfg.sandbox)
-                self._record(store, task.instance_id, sample, result.to_dict(), factory.trainable)
+                # Token-level redaction decodes whole trajectories: off the event loop.
+                clean = await asyncio.to_thread(self.redactor.result, result.to_dict())
+                self._record(store, task.instance_id, sample, clean, factory.trainable, redacted=True)
 
         try:
             if cfg.runner.preflight:
@@ -182,6 +185,7 @@ class Runner:
         sample: int,
         result: dict[str, Any],
         trainable_model: bool = True,
+        redacted: bool = False,
     ) -> None:
         if result["exit_reason"] == ExitReason.CANCELLED.value:
             return  # not stored: a resumed run does it again
@@ -189,7 +193,7 @@ class Runner:
             if result["trainable"]:
                 result["metrics"].update(text_only_model=True, untrainable_reason="text_only_model")
             result["trainable"] = False
-        row = episode_row(instance_id, sample, self.redactor.result(result))
+        row = episode_row(instance_id, sample, result if redacted else self.redactor.result(result))
         store.put(row)
         p = self.progress
         if p is not None:
@@ -203,6 +207,24 @@ class Runner:
     def _notify(self) -> None:
         if self.on_progress and self.progress:
             self.on_progress(self.progress)
+
+
+def check_sandbox_configs(tasks: list[Task], base: dict[str, Any]) -> None:
+    """Every pending task's sandbox (a row's image on the run's settings) is valid before the
+    first episode: a setting an image row's backend cannot honour is one error at start, not
+    an `internal_error` per episode."""
+    from uniagent.sandbox.config import parse_config
+
+    seen: set[str] = set()
+    for task in tasks:
+        if task.instance_id in seen:
+            continue
+        seen.add(task.instance_id)
+        try:
+            parse_config(task.sandbox_config(base))
+        except ConfigError as exc:
+            msg = str(exc)
+            raise ConfigError(msg if task.instance_id in msg else f"{task.instance_id}: {msg}") from None
 
 
 async def run(config: RunConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
