@@ -119,6 +119,14 @@ def smol_tokenizer(smol_source):
 
 
 @pytest.fixture(scope="session")
+def codec(smol_tokenizer):
+    """The real SmolLM2 chat codec (template probed once for the whole session)."""
+    from uniagent.tokens import ChatCodec
+
+    return ChatCodec(smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def smol_engine(smol_source):
     """One LocalEngine (real SmolLM2 weights) shared by the whole session."""
     from uniagent.models.local import LocalEngine

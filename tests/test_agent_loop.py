@@ -25,11 +25,6 @@ FIX = [
 ]
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 @pytest.fixture
 def task(tmp_path: Path) -> SweTask:
     [t] = load_tasks(str(make_swe_task_file(tmp_path)))

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from conftest import needs_bwrap, require_module
+from dashboard_helpers import free_port
 from uniagent import __version__, cli
 from uniagent.demo import MAX_RESULT_BITS, calculate, run_tool
 from uniagent.models.base import Generation
@@ -35,17 +36,6 @@ CLI = [sys.executable, "-m", "uniagent.cli"]
 def invoke(*args: str) -> Result:
     cli.console.width = 250  # one table row per line
     return CliRunner().invoke(cli.app, list(args))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
 
 
 # -- version, tasks ---------------------------------------------------------------------------

@@ -24,11 +24,6 @@ from uniagent.tokens import ChatCodec
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 class ShellTask(Task):
     family = "shell_test"
 

@@ -5,7 +5,6 @@ says whether the default path works."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from conftest import needs_bwrap
+from dashboard_helpers import free_port as closed_port  # free, so nothing listens
 from uniagent import cli
 from uniagent.doctor import Check, sandbox_types
 
@@ -35,12 +35,6 @@ def row(out: str, name: str) -> str:
     lines = [line for line in out.splitlines() if name in line]
     assert lines, f"no row {name!r} in:\n{out}"
     return lines[0]
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the socket goes
 
 
 @needs_bwrap

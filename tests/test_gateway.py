@@ -44,11 +44,6 @@ BASH = {
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 def scripted(codec: ChatCodec, turns: dict[str, list[str]], **options: Any) -> ReplayEngine:
     """A real ReplayEngine answering each request id with its texts in order (any prompt)."""
     records = []

@@ -57,11 +57,6 @@ class AnswerFileTask(Task):
         return Reward(1.0 if ok else 0.0, ok, {"content": res.output[:100]})
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 def script(codec: ChatCodec, turns: dict[str, list[str]]) -> ReplayEngine:
     records = []
     for rid, texts in turns.items():

@@ -263,11 +263,6 @@ def test_a_missing_expected_test_counts_as_failed() -> None:
 
 
 # -- grading under concurrency ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 async def test_many_concurrent_samples_of_one_task_grade_without_verifier_errors(codec: ChatCodec) -> None:
     """Many samples of one task at once, as a training step does: each sample grades against
     the base commit of its own sandbox (a verifier_error 'resetting to base failed ... Could

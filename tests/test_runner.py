@@ -29,11 +29,6 @@ CLI = [sys.executable, "-m", "uniagent.cli"]
 
 
 @pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
-@pytest.fixture(scope="module")
 def starter():
     tasks = load_tasks("builtin:starter")
     assert len(tasks) >= 12

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_bwrap, require_module
+from dashboard_helpers import free_port as closed_port  # free, so nothing listens
 from run_helpers import write_replay
 from uniagent.errors import PreflightError
 from uniagent.runner import RunStore, build_config
@@ -29,12 +29,6 @@ from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec
 
 CLI = [sys.executable, "-m", "uniagent.cli"]
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def uniagent(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -30,11 +30,6 @@ SECRET_ENV = "OPENAI_API_KEY"
 CLI = [sys.executable, "-m", "uniagent.cli"]
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 def decodes(tokenizer: Any, traj: dict[str, Any]) -> list[str]:
     """Every way to read text back from a stored trajectory's ids."""
     prompt, response = traj["prompt_ids"], traj["response_ids"]

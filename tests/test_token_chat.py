@@ -7,12 +7,9 @@ test_fidelity.py.
 
 from __future__ import annotations
 
-import pytest
-
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
-from uniagent.tokens import ChatCodec
 
 TOOLS = [
     {
@@ -41,11 +38,6 @@ class ScriptedEngine:
         text, finish = self.script.pop(0)
         ids = self.codec.encode(text) + (self.codec.eot_ids if finish == "stop" else [])
         return Generation(ids, [-0.25] * len(ids), finish)
-
-
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer):
-    return ChatCodec(smol_tokenizer)
 
 
 async def test_cut_turn_gets_end_of_turn_as_context(codec):

@@ -69,11 +69,6 @@ def test_search_metrics_use_squad_normalisation() -> None:
     assert exact_match("", ["x"]) == 0.0
 
 
-@pytest.fixture(scope="module")
-def codec(smol_tokenizer) -> ChatCodec:
-    return ChatCodec(smol_tokenizer)
-
-
 async def test_search_episode_right_and_wrong_answers(codec: ChatCodec) -> None:
     task = load_tasks("builtin:search")[0]
     answer = task.answers[0]
