@@ -8,9 +8,9 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
-APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver
+APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint bench system-deps clean
+.PHONY: setup demo test lint bench system-deps clean llama-server
 
 setup: $(DEPS_STAMP)
 
@@ -44,15 +44,20 @@ demo: setup system-deps
 	rm -rf runs/demo
 	$(VENV)/bin/uniagent run --config configs/demo.yaml
 
-test: setup system-deps
+test: setup system-deps llama-server
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -q -rs -p no:cacheprovider
+
+# llama.cpp's llama-server, built once from the llama-cpp-python sdist and cached outside the
+# checkout (the real-server tests and the bench use it; a second run is a no-op).
+llama-server: setup system-deps
+	PY=$(PY) scripts/build-llama-server.sh
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 
-bench: setup
+bench: setup llama-server
 	$(PY) bench/codec.py
 	$(PY) bench/engine.py
 	$(PY) bench/sandbox.py
