@@ -32,9 +32,12 @@ import torch
 from uniagent.errors import EngineError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
+from uniagent.models.registry import EngineKind
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
+
+    from uniagent.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -593,3 +596,23 @@ async def doctor_check(spec: str | None = None, generate: bool = True) -> list[t
         return [(name, True, f"{source.name}: loaded and generated 1 token in {took:.1f}s")]
     except Exception as exc:
         return [(name, False, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])]
+
+
+async def _build(arg: str, config: ModelConfig) -> LocalEngine:
+    return await LocalEngine.create(arg or None, max_batch_size=config.max_batch_size, device=config.device)
+
+
+async def _doctor(arg: str, config: ModelConfig, quick: bool) -> list[tuple[str, bool | None, str]]:
+    return await doctor_check(arg or None, generate=not quick)
+
+
+# `local` (the packaged SmolLM2) or `local:PATH` (a model directory or .gguf file), loaded here.
+KIND = EngineKind(
+    name="local",
+    usage="local | local:PATH",
+    token_level=True,
+    build=_build,
+    needs_arg=False,
+    tokenizer=lambda arg, config: arg or None,
+    doctor=_doctor,
+)

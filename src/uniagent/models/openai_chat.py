@@ -15,13 +15,17 @@ import logging
 import os
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
 from uniagent.errors import EngineError
 from uniagent.models.base import AssistantTurn, FinishReason
+from uniagent.models.registry import EngineKind
 from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
+
+if TYPE_CHECKING:
+    from uniagent.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -289,3 +293,44 @@ async def doctor_check(
             return [(name, False, str(exc)[:200])]
     key = "" if os.environ.get(api_key_env) else f"; {api_key_env} not set"
     return [(name, True, detail + key)]
+
+
+class OpenAIModels:
+    """`openai:URL` built from a model config: one `OpenAIChatModel` per episode (text level)."""
+
+    def __init__(self, base_url: str, config: ModelConfig) -> None:
+        self.base_url = base_url
+        self.config = config
+
+    def new_model(self) -> OpenAIChatModel:
+        from uniagent.parsers import get_parser
+
+        cfg = self.config
+        return OpenAIChatModel(
+            cfg.name or "default",
+            base_url=self.base_url,
+            api_key_env=cfg.api_key_env,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            timeout=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            parser=get_parser(cfg.parser) if cfg.tool_format == "text" else None,
+        )
+
+    async def check(self) -> str:
+        """The run's preflight: the endpoint answers one request (`OpenAIChatModel.check`)."""
+        async with self.new_model() as model:
+            return await model.check()
+
+
+async def _build(arg: str, config: ModelConfig) -> OpenAIModels:
+    return OpenAIModels(arg, config)
+
+
+async def _doctor(arg: str, config: ModelConfig, quick: bool) -> list[tuple[str, bool | None, str]]:
+    return await doctor_check(arg, config.api_key_env)
+
+
+# `openai:URL`: any OpenAI-compatible chat endpoint, text level (episodes are not trainable).
+KIND = EngineKind(name="openai", usage="openai:URL", token_level=False, build=_build, doctor=_doctor)

@@ -17,10 +17,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from uniagent.errors import EngineError
+from uniagent.errors import ConfigError, EngineError
 from uniagent.models.base import Generation, SamplingParams, TokenEngine
+from uniagent.models.registry import EngineKind
+
+if TYPE_CHECKING:
+    from uniagent.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -262,3 +266,31 @@ class RecordingEngine:
     def save(self, path: str | os.PathLike[str], include_prompts: bool = True) -> None:
         """Write the JSONL recording; without prompts only their hashes are kept (smaller, still checked)."""
         save_records(sorted(self.records, key=lambda r: (r.request_id, r.turn)), path, include_prompts)
+
+
+async def _build(arg: str, config: ModelConfig) -> ReplayEngine:
+    if not os.path.exists(arg):
+        raise ConfigError(f"model spec replay:{arg}: the file does not exist")
+    # Records are found by request id `INSTANCE#SAMPLE` and turn, else (a gateway session, a prompt
+    # that differs) by prompt; a differing prompt is replayed anyway with a warning.
+    return ReplayEngine.from_jsonl(arg, match="request", strict=False, delay_s=config.replay_delay_s)
+
+
+async def _doctor(arg: str, config: ModelConfig, quick: bool) -> list[tuple[str, bool | None, str]]:
+    name = f"engine replay:{arg}"
+    try:
+        records = load_records(arg)
+    except Exception as exc:
+        return [(name, False, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])]
+    return [(name, True, f"{len(records)} recorded generations")]
+
+
+# `replay:FILE`: recorded generations (a RecordingEngine's JSONL), token level.
+KIND = EngineKind(
+    name="replay",
+    usage="replay:FILE",
+    token_level=True,
+    build=_build,
+    doctor=_doctor,
+    fresh_request_ids=False,
+)

@@ -10,46 +10,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.errors import ConfigError
+from uniagent.models.config import ModelConfig
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class ModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    spec: str = Field("local", description="local | local:PATH | openai:URL | replay:FILE")
-    name: str | None = Field(None, description="model name sent to an OpenAI-compatible endpoint")
-    parser: str = Field("hermes", description="tool-call format the model writes")
-    tool_format: Literal["text", "native"] = Field(
-        "text",
-        description="openai:URL: text (tools in the prompt, calls parsed from the text with `parser`) "
-        "| native (the endpoint's `tools` and `tool_calls`)",
-    )
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(512, ge=1, description="tokens per model turn")
-    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
-    tokenizer: str | None = Field(
-        None, description="replay: the tokenizer's model (default: packaged SmolLM2)"
-    )
-    replay_delay_s: float = Field(0.0, ge=0, description="replay: seconds per generation (simulated latency)")
-    max_batch_size: int = Field(16, ge=1, description="local engine: rows decoded together")
-    device: str = "cpu"
-    max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
-    timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
-
-    @model_validator(mode="after")
-    def _native_needs_endpoint(self) -> ModelConfig:
-        if self.tool_format == "native" and not self.spec.startswith("openai:"):
-            raise ValueError(
-                "tool_format native needs an openai:URL model (token-level models parse tool calls "
-                "from their text with model.parser)"
-            )
-        return self
 
 
 class TasksConfig(BaseModel):
