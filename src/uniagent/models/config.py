@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from uniagent.models.remote.config import RemoteConfig
+
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -41,6 +43,7 @@ class ModelConfig(BaseModel):
     device: str = "cpu"
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
     timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
+    remote: RemoteConfig = RemoteConfig()  # vllm/sglang/llamacpp: health checks, connections, retry backoff
 
     @model_validator(mode="after")
     def _native_needs_endpoint(self) -> ModelConfig:

@@ -128,19 +128,6 @@ def generation(token_ids: Any, logprobs: Any, finish_reason: Any) -> Generation:
     return Generation(token_ids, [float(x) for x in logprobs], reason)
 
 
-def parse_urls(arg: str, kind: str) -> list[str]:
-    """`URL[,URL...]` from a spec -> replica base URLs; a malformed list is a `ConfigError`."""
-    urls = [u.strip().rstrip("/") for u in arg.split(",") if u.strip()]
-    if not urls:
-        raise ConfigError(f"model.spec {kind}: needs at least one server URL ({kind}:http://HOST:PORT[,...])")
-    for url in urls:
-        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-            raise ConfigError(f"model.spec {kind}:{arg}: {url!r} is not an http:// or https:// URL")
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"model.spec {kind}:{arg}: a replica URL is listed twice")
-    return urls
-
-
 @dataclass(eq=False)
 class Replica:
     url: str
@@ -181,6 +168,7 @@ class RemoteEngine:
         self._sticky: collections.OrderedDict[str, Replica] = collections.OrderedDict()
         self._tag = secrets.token_hex(3)  # call ids stay unique across engines sharing request ids
         self._calls = 0
+        self._warned = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
@@ -202,6 +190,10 @@ class RemoteEngine:
             raise EngineError(f"request {request_id!r}: empty prompt; a generation needs at least one token")
         self._calls += 1
         call_id = f"{request_id}-{self._tag}{self._calls}"
+        if sampling.seed is not None and not self.config.send_seed:
+            sampling = sampling.model_copy(update={"seed": None})
+        if self.dialect.logprobs == "after_temperature" and sampling.temperature not in (0.0, 1.0):
+            self._warn_logprobs(sampling.temperature)
         body = self.dialect.request(list(prompt_ids), sampling, call_id)
         content = json.dumps(body, separators=(",", ":")).encode()
         loop = asyncio.get_running_loop()
@@ -251,6 +243,16 @@ class RemoteEngine:
             attempt += 1
             log.info("%s: retrying request %s in %.2fs (%s)", replica.url, call_id, delay, reason)
             await asyncio.sleep(delay)
+
+    def _warn_logprobs(self, temperature: float) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s returns logprobs after temperature scaling; at temperature %g they are not the raw "
+                "model logprobs a trainer recomputes (see the dialect's docstring for the server setting)",
+                self.dialect.name,
+                temperature,
+            )
 
     def _parse(
         self, replica: Replica, response: httpx.Response, call_id: str, sampling: SamplingParams
@@ -407,14 +409,3 @@ class RemoteEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def build_engine(dialect_cls: type[Dialect], arg: str, config: ModelConfig) -> RemoteEngine:
-    """What a dialect module's `KIND.build` does: spec URLs + model config -> `RemoteEngine`."""
-    return RemoteEngine(
-        parse_urls(arg, dialect_cls.name),
-        dialect_cls.from_config(config),
-        getattr(config, "remote", None),
-        timeout_s=config.timeout_s,
-        retries=config.max_retries,
-    )

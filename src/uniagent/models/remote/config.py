@@ -23,6 +23,11 @@ class RemoteConfig(BaseModel):
         0.2, ge=0, description="first retry delay; doubles per retry (with jitter), capped at 5 s"
     )
     max_connections: int = Field(256, ge=1, description="connections shared by all requests to all replicas")
+    send_seed: bool = Field(
+        True,
+        description="send each episode's sampling seed (vLLM `seed`, SGLang `sampling_seed` from 0.5.3 on, "
+        "llama-server `seed`); false for a server that rejects the field",
+    )
     api_key_env: str | None = Field(
         None,
         description="environment variable with the server's bearer token (vLLM/SGLang/llama-server "
