@@ -81,8 +81,18 @@ def test_openai_check_against_a_closed_port_fails() -> None:
 
 
 def test_a_bad_model_spec_is_a_user_error() -> None:
-    proc = doctor("--model", "replay:x.jsonl")
-    assert proc.returncode == 2 and "give local, local:PATH or openai:URL" in proc.stderr
+    proc = doctor("--model", "nosuch:x")
+    assert proc.returncode == 2, proc.stderr
+    assert "unknown engine 'nosuch'" in proc.stderr and "local | local:PATH" in proc.stderr, proc.stderr
+    assert "replay:FILE" in proc.stderr and "openai:URL" in proc.stderr, proc.stderr
+
+
+def test_any_registered_kind_runs_its_own_check(tmp_path: Path) -> None:
+    # replay was refused before the registry; now every kind's check runs (a missing file fails)
+    proc = doctor_here("--quick", "--model", f"replay:{tmp_path / 'none.jsonl'}")
+    assert proc.exit_code == 1, proc.output
+    assert "FAIL" in row(proc.output, "engine replay:")
+    assert "check one with --model openai:URL" in row(proc.output, "engine openai:URL")
 
 
 async def test_the_local_model_check_generates_a_token() -> None:

@@ -21,9 +21,9 @@ from conftest import needs_bwrap, require_module
 from dashboard_helpers import free_port as closed_port  # free, so nothing listens
 from run_helpers import write_replay
 from uniagent.errors import PreflightError
+from uniagent.models.factory import ModelFactory
 from uniagent.runner import RunStore, build_config
 from uniagent.runner.guard import InfraGuard
-from uniagent.runner.models import ModelFactory
 from uniagent.runner.run import Runner
 from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec

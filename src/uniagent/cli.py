@@ -13,6 +13,7 @@ from rich.text import Text
 
 from uniagent import __version__
 from uniagent.errors import UniAgentError
+from uniagent.models.registry import kinds_help
 
 app = typer.Typer(
     help="uniagent: run LLM agents at scale and train them with verl, token-exact.",
@@ -30,14 +31,16 @@ def version() -> None:
 
 @app.command()
 def demo(
-    model: str = typer.Option("local", help="`local` (packaged SmolLM2), a model directory or a .gguf file"),
+    model: str = typer.Option(
+        "local", help="a token-level model spec: local (packaged SmolLM2), local:PATH or PATH, vllm:URL, ..."
+    ),
     turns: int = typer.Option(3, min=1, help="most model turns"),
     max_tokens: int = typer.Option(96, min=1, help="most tokens per turn"),
     seed: int = typer.Option(0, help="sampling seed"),
     temperature: float = typer.Option(0.7, min=0.0, help="sampling temperature"),
     show_tokens: bool = typer.Option(True, help="print the response tokens coloured by mask"),
 ) -> None:
-    """Run one short token-level episode with the local model and show its trajectory."""
+    """Run one short token-level episode (the local model by default) and show its trajectory."""
     from uniagent.demo import run_demo
 
     console.print(f"[bold]uniagent demo[/] — model {model!r}, {turns} turns, {max_tokens} tokens/turn (CPU)")
@@ -62,9 +65,7 @@ def demo(
     table.add_row("wall time", f"{result.seconds:.1f} s")
     console.print(table)
     if show_tokens:
-        from uniagent.models.loading import load_tokenizer, resolve_model
-
-        tok = load_tokenizer(resolve_model(model))
+        tok = result.tokenizer
         text = Text()
         for token_id, mask in zip(traj.response_ids, traj.response_mask, strict=True):
             piece = tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -161,7 +162,7 @@ def verify(
 @app.command()
 def run(
     tasks: str | None = typer.Option(None, help="builtin:starter, builtin:search or a task file"),
-    model: str | None = typer.Option(None, help="local | local:PATH | openai:URL | replay:FILE"),
+    model: str | None = typer.Option(None, help=f"model spec: {kinds_help()}"),
     sandbox: str | None = typer.Option(
         None, help="local (default, isolated) | container | swerex | modal | host"
     ),
@@ -204,7 +205,7 @@ def run(
 @app.command()
 def doctor(
     model: list[str] = typer.Option(
-        [], "--model", help="also check this model: local:PATH or openai:URL (repeatable)"
+        [], "--model", help=f"also check this model, any spec: {kinds_help()} (repeatable)"
     ),
     quick: bool = typer.Option(False, "--quick", help="local models: tokenizer only, no weight load"),
 ) -> None:

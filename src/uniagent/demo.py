@@ -1,4 +1,4 @@
-"""The demo episode: one short token-level conversation with the local model.
+"""The demo episode: one short token-level conversation with a model (the local one by default).
 
 It shows the token spine end to end on a laptop CPU: the real SmolLM2 model generates, tools
 are described in the system prompt, a tool result is fed back through the codec, and the
@@ -9,7 +9,6 @@ replaces this once the runner exists.)
 from __future__ import annotations
 
 import ast
-import asyncio
 import datetime as _dt
 import math
 import operator
@@ -17,7 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from uniagent.errors import ConfigError
 from uniagent.models.base import SamplingParams
+from uniagent.models.config import ModelConfig
+from uniagent.models.registry import ENGINES
 from uniagent.parsers.base import ToolCall
 
 DEMO_TOOLS = [
@@ -57,6 +59,7 @@ class DemoResult:
     seconds: float
     tool_calls: int
     format_errors: int
+    tokenizer: Any = None  # the model's, to print its tokens
 
 
 MAX_EXPRESSION_CHARS = 200
@@ -122,21 +125,32 @@ def run_tool(call: ToolCall) -> str:
     return f"error: unknown tool {call.name!r}"
 
 
+def demo_model_config(model: str | None, temperature: float = 0.7, max_tokens: int = 96) -> ModelConfig:
+    """The demo's `--model`: any token-level spec of the registry; a bare model directory or
+    .gguf file (what the demo took before specs) means `local:PATH`."""
+    spec = model or "local"
+    if spec.partition(":")[0] not in ENGINES:
+        spec = f"local:{spec}"
+    return ModelConfig(spec=spec, temperature=temperature, max_tokens=max_tokens)
+
+
 async def run_demo(
     model: str | None = None, turns: int = 3, max_tokens: int = 96, seed: int = 0, temperature: float = 0.7
 ) -> DemoResult:
-    from uniagent.models.loading import load_tokenizer, resolve_model
-    from uniagent.models.local import LocalEngine
+    from uniagent.models.factory import ModelFactory
     from uniagent.models.token_chat import TokenChatModel
     from uniagent.parsers import get_parser
-    from uniagent.tokens import ChatCodec
 
-    source = resolve_model(model)
-    tokenizer = await asyncio.to_thread(load_tokenizer, source)
-    codec = ChatCodec(tokenizer)
-    engine = await LocalEngine.create(source)
+    factory = ModelFactory(demo_model_config(model, temperature, max_tokens))
+    if not factory.trainable:
+        raise ConfigError(
+            f"demo --model {factory.config.spec!r} is text level and has no token trajectory to show; "
+            "give a token-level spec (local, local:PATH, a server)"
+        )
+    await factory.start()
+    codec = factory.codec
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    chat = TokenChatModel(engine, codec, get_parser("hermes"), sampling=sampling)
+    chat = TokenChatModel(factory.engine, codec, get_parser("hermes"), sampling=sampling)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. Use a tool when it helps."},
         {"role": "user", "content": "What is 17 * 23? Use the calculator tool."},
@@ -167,5 +181,5 @@ async def run_demo(
             messages.append(turn.message)
         trajectory = chat.finish(messages, DEMO_TOOLS)
     finally:
-        await engine.aclose()
-    return DemoResult(messages, trajectory, time.perf_counter() - started, calls, errors)
+        await factory.close()
+    return DemoResult(messages, trajectory, time.perf_counter() - started, calls, errors, codec.tokenizer)

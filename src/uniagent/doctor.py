@@ -1,10 +1,11 @@
 """`uniagent doctor`: what works on this machine, found by using it, with the reason when not.
 
 Each backend checks itself: a sandbox module (`uniagent.sandbox.<type>`, one per type of the
-sandbox config union), an engine module and each optional integration has an
-`async def doctor_check(...) -> list[(name, ok, detail)]` beside its code, which starts the
-real thing (a sandbox that runs a command, a model that generates a token, a daemon or an
-endpoint that answers). This module only finds those functions and weighs their answers.
+sandbox config union) and each optional integration has an `async def doctor_check(...) ->
+list[(name, ok, detail)]` beside its code, and each engine kind of the model registry its
+`KIND.doctor`; each starts the real thing (a sandbox that runs a command, a model that
+generates a token, a daemon or an endpoint that answers). This module only finds those
+functions and weighs their answers.
 
 `ok` is True (works), False (broken) or None (not installed or not set up here). The default
 path, the packaged local model and the `local` sandbox, plus every model named with
@@ -20,14 +21,16 @@ import logging
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from uniagent.errors import ConfigError
 
+if TYPE_CHECKING:
+    from uniagent.models.config import ModelConfig
+    from uniagent.models.registry import EngineKind
+
 Row = tuple[str, bool | None, str]
 DEFAULT_SANDBOX = "local"
-# Model spec kind -> the module holding that engine's check (the kinds `model.spec` accepts).
-ENGINE_MODULES = {"local": "uniagent.models.local", "openai": "uniagent.models.openai_chat"}
 OPTIONAL_MODULES = ("uniagent.integrations.verl", "uniagent.runner.ray_backend")
 
 
@@ -55,21 +58,31 @@ def sandbox_types() -> list[str]:
     return [cls.model_fields["type"].default for cls in typing.get_args(union)]
 
 
-def _model_specs(models: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(kind, arg, api-key variable) per model to check; the packaged local model always."""
-    from uniagent.runner.config import ModelConfig
-    from uniagent.runner.models import ModelFactory
+def _model_specs(models: Sequence[str]) -> list[tuple[EngineKind, str, ModelConfig]]:
+    """(engine kind, arg, config) per model to check; the packaged local model always. Any kind of
+    the registry is accepted; a spec it does not know is a `ConfigError` listing the usages."""
+    from uniagent.models.config import ModelConfig
+    from uniagent.models.registry import engine_kind
 
     out = []
-    for spec in models:
-        cfg = ModelConfig(spec=spec)
-        factory = ModelFactory(cfg)
-        if factory.kind not in ENGINE_MODULES:
-            raise ConfigError(f"doctor --model {spec!r}: give local, local:PATH or openai:URL")
-        out.append((factory.kind, factory.arg, cfg.api_key_env))
-    if not any(kind == "local" for kind, _, _ in out):
-        out.insert(0, ("local", "", ""))
+    for spec in ["local", *models]:
+        kind, arg = engine_kind(spec)
+        out.append((kind, arg, ModelConfig(spec=spec)))
+    if any(kind.name == "local" for kind, _, _ in out[1:]):
+        out.pop(0)  # a local model is named: it stands for the default one
     return out
+
+
+async def _engine(kind: EngineKind, arg: str, config: ModelConfig, quick: bool) -> list[Check]:
+    """One model's own check (its kind's `doctor`), required; a crashing check is a failure."""
+    fallback = f"engine {config.spec}"
+    if kind.doctor is None:
+        return [Check(fallback, None, f"engine kind {kind.name!r} has no check", True)]
+    try:
+        rows: list[Row] = await kind.doctor(arg, config, quick)
+    except Exception as exc:
+        rows = [(fallback, False, f"the check itself failed: {type(exc).__name__}: {exc}"[:200])]
+    return [Check(name, ok, detail, True) for name, ok, detail in rows]
 
 
 async def _run(module: str, args: tuple[Any, ...], fallback: str, required: bool) -> list[Check]:
@@ -87,12 +100,11 @@ async def _run(module: str, args: tuple[Any, ...], fallback: str, required: bool
 
 async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Check]:
     """Run every check concurrently; `models` are extra model specs to check (and require);
-    `quick` loads local models' tokenizers only."""
-    jobs: list[Any] = []
+    `quick` skips weight loads (local models: tokenizer and template only)."""
+    from uniagent.models.registry import ENGINES, load_kind
+
     specs = _model_specs(models)
-    for kind, arg, key_env in specs:
-        args = (arg or None, not quick) if kind == "local" else (arg, key_env)
-        jobs.append(_run(ENGINE_MODULES[kind], args, f"engine {kind}", required=True))
+    jobs: list[Any] = [_engine(kind, arg, config, quick) for kind, arg, config in specs]
     for sandbox_type in sandbox_types():
         required = sandbox_type == DEFAULT_SANDBOX
         jobs.append(_run(f"uniagent.sandbox.{sandbox_type}", (), f"sandbox {sandbox_type}", required))
@@ -107,9 +119,19 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
     finally:
         logger.setLevel(level)
     out = [check for rows in results for check in rows]
-    if not any(kind == "openai" for kind, _, _ in specs):
-        out.insert(len(specs), Check("engine openai:URL", None, "check an endpoint with --model openai:URL"))
-    out.insert(len(specs), _torch())
+    # Every other registered engine kind: one line saying how to check it.
+    checked = {kind.name for kind, _, _ in specs}
+    unchecked = []
+    for name in ENGINES:
+        if name in checked:
+            continue
+        try:
+            usage = load_kind(name).usage
+        except ConfigError as exc:
+            unchecked.append(Check(f"engine {name}", None, str(exc)))
+            continue
+        unchecked.append(Check(f"engine {usage}", None, f"check one with --model {usage.split(' | ')[-1]}"))
+    out[len(specs) : len(specs)] = [*unchecked, _torch()]
     return out
 
 

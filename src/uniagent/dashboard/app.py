@@ -22,8 +22,9 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from uniagent.errors import UniAgentError
+from uniagent.models.config import ModelConfig
+from uniagent.models.registry import tokenizer_spec
 from uniagent.redact import MASK, Redactor, redact_logs
-from uniagent.runner.models import tokenizer_spec
 from uniagent.runner.store import RunStore
 from uniagent.runner.summary import summarize
 
@@ -90,9 +91,11 @@ class Run:
             return self.store.meta("config", {}) or {}
 
     def tokenizer_spec(self) -> str | None:
-        """The tokenizer the run used, as `resolve_model` takes it (None: packaged SmolLM2)."""
+        """The tokenizer the run used, as `resolve_model` takes it (None: packaged SmolLM2); a
+        `ConfigError` when its engine kind is not registered here."""
         model = self.config().get("model") or {}
-        return tokenizer_spec(str(model.get("spec") or "local"), model.get("tokenizer") or None)
+        spec = str(model.get("spec") or "local")
+        return tokenizer_spec(ModelConfig(spec=spec, tokenizer=model.get("tokenizer") or None))
 
     def light_rows(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -408,8 +411,9 @@ def create_app(config: DashboardConfig) -> FastAPI:
             raise HTTPException(404, f"{instance_id}#{sample} has no token trajectory ({why})")
         prompt = list(traj.get("prompt_ids") or [])
         response = list(traj.get("response_ids") or [])
-        spec = run.tokenizer_spec()
+        spec: str | None = "the run's model spec"
         try:
+            spec = run.tokenizer_spec()
             pieces, special = texts.texts(spec, prompt + response)
         except UniAgentError as exc:
             name = spec or "packaged SmolLM2"

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from uniagent.models.factory import ModelFactory
+
+
+def gateway_factory(spec: str, tokenizer: str | None = None, device: str = "cpu") -> ModelFactory:
+    """The gateway's model, from the registry: any token-level kind (a harness in front of a real
+    server then records that server's exact tokens); a text-level kind has no tokens to record."""
+    from uniagent.errors import ConfigError
+    from uniagent.models.config import ModelConfig
+    from uniagent.models.factory import ModelFactory
+
+    factory = ModelFactory(ModelConfig(spec=spec, tokenizer=tokenizer, device=device))
+    if not factory.trainable:
+        raise ConfigError(
+            f"--model {spec!r} is text level: the gateway records token ids, so give a token-level "
+            "spec (local, local:PATH, replay:FILE or an inference server such as vllm:URL)"
+        )
+    return factory
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def gateway(
-        model: str = typer.Option("local", "--model", help="local | local:PATH | replay:FILE"),
+        model: str = typer.Option(
+            "local", "--model", help="a token-level model spec: local, local:PATH, replay:FILE, vllm:URL, ..."
+        ),
         host: str = typer.Option(
             "127.0.0.1", "--host", help="interface to bind (non-loopback needs --token)"
         ),
@@ -17,7 +40,9 @@ def register(app: typer.Typer) -> None:
             None, "--token", envvar="UNIAGENT_GATEWAY_TOKEN", help="bearer token clients must send"
         ),
         parser: str = typer.Option("hermes", "--parser", help="tool-call format the model writes"),
-        tokenizer: str | None = typer.Option(None, "--tokenizer", help="replay: the tokenizer's model"),
+        tokenizer: str | None = typer.Option(
+            None, "--tokenizer", help="replay and servers: the tokenizer's model (default: packaged SmolLM2)"
+        ),
         device: str = typer.Option("cpu", "--device"),
         idle_timeout_s: float = typer.Option(
             1800.0, "--idle-timeout", help="seconds before idle sessions expire"
@@ -28,38 +53,30 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
-        from uniagent.errors import ConfigError
         from uniagent.gateway.app import check_bind
 
         check_bind(host, token)
-        kind, _, arg = model.partition(":")
-        if kind not in ("local", "replay") or (kind == "replay" and not arg):
-            raise ConfigError(f"--model {model!r}: use local, local:PATH or replay:FILE")
+        factory = gateway_factory(model, tokenizer, device)
 
         async def serve() -> None:
             from uniagent.gateway.app import Gateway
             from uniagent.gateway.server import GatewayServer
-            from uniagent.models.loading import load_tokenizer, resolve_model
-            from uniagent.tokens import ChatCodec
 
-            codec = ChatCodec(load_tokenizer(resolve_model(arg or None if kind == "local" else tokenizer)))
-            if kind == "local":
-                from uniagent.models.local import LocalEngine
-
-                engine = await LocalEngine.create(arg or None, device=device)
-            else:
-                from uniagent.models.replay import ReplayEngine
-
-                engine = ReplayEngine.from_jsonl(arg, match="prompt", strict=False)
-            gw = Gateway(
-                engine, codec, parser=parser, token=token, model_name=model, idle_timeout_s=idle_timeout_s
-            )
-            server = GatewayServer(gw, host, port, log_level="info")
-            Console().print(f"uniagent gateway on http://{host}:{port} (model {model!r}, parser {parser!r})")
+            await factory.start()
             try:
+                gw = Gateway(
+                    factory.engine,
+                    factory.codec,
+                    parser=parser,
+                    token=token,
+                    model_name=model,
+                    idle_timeout_s=idle_timeout_s,
+                )
+                server = GatewayServer(gw, host, port, log_level="info")
+                where = f"http://{host}:{port} (model {model!r}, parser {parser!r})"
+                Console().print(f"uniagent gateway on {where}")
                 await server.server.serve()
             finally:
-                if hasattr(engine, "aclose"):
-                    await engine.aclose()
+                await factory.close()
 
         asyncio.run(serve())

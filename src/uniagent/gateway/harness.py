@@ -218,7 +218,7 @@ class HarnessGateway:
         if engine is None or codec is None:
             raise ConfigError(
                 f"agent kind {kind!r} runs through the gateway and needs a token engine: "
-                "use model.spec local, local:PATH or replay:FILE"
+                "use a token-level model.spec (local, local:PATH, replay:FILE, vllm:URL, ...)"
             )
         self.kind, self.harness_config = parse_kind(kind)
         self.config = mini_config(self.harness_config)

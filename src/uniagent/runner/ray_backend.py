@@ -31,7 +31,7 @@ class EpisodeActor:
     async def _ensure(self) -> Any:
         async with self._lock:
             if self.factory is None:
-                from uniagent.runner.models import ModelFactory
+                from uniagent.models.factory import ModelFactory
                 from uniagent.sandbox.base import Sandbox
 
                 Sandbox.set_start_concurrency(self.config.runner.sandbox_start_concurrency)

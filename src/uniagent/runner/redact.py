@@ -16,10 +16,10 @@ __all__ = ["MASK", "Redactor", "run_redactor"]
 
 def run_redactor(config: RunConfig) -> Redactor:
     """Also redacts this process's log records from now on."""
-    from uniagent.runner.models import tokenizer_spec
+    from uniagent.models.registry import tokenizer_spec
 
     secrets = setting_secrets(config.sandbox)
-    spec = tokenizer_spec(config.model.spec, config.model.tokenizer)
+    spec = tokenizer_spec(config.model)
 
     def load() -> Any:
         from uniagent.models.loading import load_tokenizer, resolve_model

@@ -21,9 +21,9 @@ import yaml
 
 from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError, RunStoppedError
+from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
 from uniagent.runner.guard import InfraGuard, preflight
-from uniagent.runner.models import ModelFactory
 from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.runner.summary import export

@@ -105,6 +105,7 @@ class LocalTrainer:
     """Owns the policy, the optimizer, the shared engine and the output directory."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
+        from uniagent.models.factory import local_weights
         from uniagent.models.loading import load_causal_lm, load_tokenizer, resolve_model
         from uniagent.models.local import LocalEngine
         from uniagent.tokens import ChatCodec
@@ -120,7 +121,7 @@ class LocalTrainer:
             )
         self.out.mkdir(parents=True, exist_ok=True)
         self.tasks = load_train_tasks(cfg)
-        source = resolve_model(None if cfg.model.spec == "local" else cfg.model.spec)
+        source = resolve_model(local_weights(cfg.model.spec))
         self.codec = ChatCodec(load_tokenizer(source))
         self.policy = load_causal_lm(source, device=cfg.model.device, dtype=cfg.model.dtype)
         self.ref: torch.nn.Module | None = None
@@ -159,9 +160,9 @@ class LocalTrainer:
     async def rollout(self, tasks: list[Task]) -> list[Sample]:
         """`group_size` episodes per task through `run_episode`, all sharing the policy's weights."""
         from uniagent.models.base import SamplingParams
+        from uniagent.models.factory import episode_seed
         from uniagent.models.token_chat import TokenChatModel
         from uniagent.parsers import get_parser
-        from uniagent.runner.models import episode_seed
         from uniagent.tasks.episode import run_episode
 
         cfg = self.cfg
