@@ -47,9 +47,14 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _native_needs_endpoint(self) -> ModelConfig:
-        if self.tool_format == "native" and not self.spec.startswith("openai:"):
+        if self.tool_format != "native":
+            return self
+        from uniagent.models.registry import engine_kind
+
+        kind, _ = engine_kind(self.spec)
+        if kind.token_level:
             raise ValueError(
-                "tool_format native needs an openai:URL model (token-level models parse tool calls "
-                "from their text with model.parser)"
+                "tool_format native needs an openai:URL model, or another text-level kind (token-level "
+                "models parse tool calls from their text with model.parser)"
             )
         return self
