@@ -137,6 +137,10 @@ class Replica:
     probe: asyncio.Task[None] | None = None
 
 
+class _Retryable(Exception):
+    """(where, reason): this try failed before any server could start the request."""
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
@@ -200,49 +204,57 @@ class RemoteEngine:
         deadline = loop.time() + self.timeout_s
         attempt = 0
         while True:
-            replica = await self._route(request_id)
             try:
-                async with asyncio.timeout_at(deadline):
-                    response = await self._client().post(
-                        replica.url + self.dialect.generate_path, content=content, headers=self._headers
-                    )
-            except TimeoutError:
-                self._abort(replica, call_id)
-                raise EngineError(
-                    f"{replica.url}: request {call_id} got no answer within {self.timeout_s:g}s "
-                    "(model.timeout_s); aborted"
-                ) from None
-            except asyncio.CancelledError:
-                self._abort(replica, call_id)
-                raise
-            except _UNSENT as exc:
-                reason = _describe(exc)
-                self._mark_down(replica, reason)
-            except httpx.HTTPError as exc:  # the server had the whole request: never retried
-                self._mark_down(replica, _describe(exc))
-                self._abort(replica, call_id)
-                raise EngineError(
-                    f"{replica.url}: request {call_id} failed after it was sent ({_describe(exc)}); "
-                    "not retried (a retry could sample a different completion for the same turn)"
-                ) from exc
-            else:
-                if response.status_code != 503:
-                    return self._parse(replica, response, call_id, sampling)
-                reason = f"HTTP 503 (overloaded): {response.text[:200]}"
+                return await self._attempt(request_id, call_id, content, sampling, deadline)
+            except _Retryable as exc:
+                where, reason = exc.args
             if attempt >= self.retries:
                 raise EngineError(
-                    f"{replica.url}: request {call_id}: {reason} (gave up after {attempt + 1} attempts, "
+                    f"{where}: request {call_id}: {reason} (gave up after {attempt + 1} attempts, "
                     "model.max_retries)"
                 )
             delay = min(_BACKOFF_CAP_S, self.config.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
             if loop.time() + delay >= deadline:
                 raise EngineError(
-                    f"{replica.url}: request {call_id}: {reason}; no time left to retry within "
+                    f"{where}: request {call_id}: {reason}; no time left to retry within "
                     f"{self.timeout_s:g}s (model.timeout_s)"
                 )
             attempt += 1
-            log.info("%s: retrying request %s in %.2fs (%s)", replica.url, call_id, delay, reason)
+            log.info("%s: retrying request %s in %.2fs (%s)", where, call_id, delay, reason)
             await asyncio.sleep(delay)
+
+    async def _attempt(
+        self, request_id: str, call_id: str, content: bytes, sampling: SamplingParams, deadline: float
+    ) -> Generation:
+        """One try. Raises `_Retryable` only where the server cannot have started the request."""
+        replica = await self._route(request_id)
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._client().post(
+                    replica.url + self.dialect.generate_path, content=content, headers=self._headers
+                )
+        except TimeoutError:
+            self._abort(replica, call_id)
+            raise EngineError(
+                f"{replica.url}: request {call_id} got no answer within {self.timeout_s:g}s "
+                "(model.timeout_s); aborted"
+            ) from None
+        except asyncio.CancelledError:
+            self._abort(replica, call_id)
+            raise
+        except _UNSENT as exc:
+            self._mark_down(replica, _describe(exc))
+            raise _Retryable(replica.url, _describe(exc)) from None
+        except httpx.HTTPError as exc:  # the server had the whole request: never retried
+            self._mark_down(replica, _describe(exc))
+            self._abort(replica, call_id)
+            raise EngineError(
+                f"{replica.url}: request {call_id} failed after it was sent ({_describe(exc)}); "
+                "not retried (a retry could sample a different completion for the same turn)"
+            ) from exc
+        if response.status_code == 503:
+            raise _Retryable(replica.url, f"HTTP 503 (overloaded): {response.text[:200]}")
+        return self._parse(replica, response, call_id, sampling)
 
     def _warn_logprobs(self, temperature: float) -> None:
         if not self._warned:
@@ -290,10 +302,8 @@ class RemoteEngine:
             await asyncio.gather(*(self._probe_now(r) for r in self.replicas))
             healthy = [r for r in self.replicas if r.healthy]
             if not healthy:
-                raise EngineError(
-                    f"{self.dialect.name}: no healthy replica: "
-                    + "; ".join(f"{r.url}: {r.reason}" for r in self.replicas)
-                )
+                reasons = "; ".join(f"{r.url}: {r.reason}" for r in self.replicas)
+                raise _Retryable(self.dialect.name, f"no healthy replica ({reasons})")
         replica = max(healthy, key=lambda r: _weight(r.url, request_id))
         self._sticky[request_id] = replica
         self._sticky.move_to_end(request_id)

@@ -86,9 +86,7 @@ class VLLMDialect(Dialect):
     def response(self, data: Any, sampling: SamplingParams) -> Generation:
         choices = data["choices"]
         if not isinstance(choices, list) or len(choices) != 1:
-            raise ValueError(
-                f"expected 1 choice, got {len(choices) if isinstance(choices, list) else choices!r}"
-            )
+            raise ValueError(f"expected one choice, got {choices!r:.80}")
         choice = choices[0]
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict):
