@@ -62,6 +62,7 @@ bench: setup llama-server
 	$(PY) bench/engine.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/gateway.py
+	$(PY) bench/remote.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
