@@ -76,6 +76,7 @@ class FakeServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
         self.aborts: list[dict[str, Any]] = []
         self.plan: list[tuple[Any, ...]] = []
         self.health_status = 200
@@ -101,6 +102,7 @@ class FakeServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.auth.append(request.headers.get("Authorization"))
         action = self.plan.pop(0) if self.plan else None
         if action is None:
             prompt = body.get(PROMPT_KEY[self.dialect])
@@ -273,6 +275,29 @@ async def test_doctor_rows_and_spec_errors(tmp_path: Path) -> None:
         engine_kind("sglang:")
     with pytest.raises(ValueError, match="extra"):
         ModelConfig(remote={"retries": 3})
+
+
+async def test_api_key_seed_and_logprob_settings(monkeypatch, caplog) -> None:
+    """`remote.api_key_env` becomes a bearer token (model.api_key_env never does); `send_seed: false`
+    leaves the seed out; SGLang's after-temperature logprobs are flagged once at temperature != 1."""
+    monkeypatch.setenv("UNIAGENT_TEST_SERVER_KEY", "sk-server")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-token-servers")
+    server = await FakeServer("sglang").start()
+    cfg = ModelConfig(spec=f"sglang:{server.url}", remote={"api_key_env": "UNIAGENT_TEST_SERVER_KEY"})
+    kind, arg = engine_kind(cfg.spec)
+    engine = await kind.build(arg, cfg)
+    with caplog.at_level("WARNING", logger="uniagent.models.remote.base"):
+        await engine.generate([1, 2, 3], SAMPLING, "a")
+        await engine.generate([1, 2, 3], SAMPLING, "a")
+    warned = [r.getMessage() for r in caplog.records if "after temperature" in r.getMessage()]
+    await engine.aclose()
+    async with engine_for("sglang", server.url, send_seed=False) as plain:
+        await plain.generate([1, 2, 3], SAMPLING, "b")
+    await server.stop()
+    assert server.auth == ["Bearer sk-server", "Bearer sk-server", None]
+    assert server.requests[0]["sampling_params"]["sampling_seed"] == 1234
+    assert "sampling_seed" not in server.requests[2]["sampling_params"]
+    assert len(warned) == 1 and "temperature 0.7" in warned[0], "once per engine"
 
 
 # -- retries, timeouts, cancellation, garbage ------------------------------------------------------
