@@ -22,7 +22,7 @@ from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.errors import ConfigError
 from uniagent.models.base import SamplingParams
 from uniagent.tokens import Trajectory
-from uniagent.train import algo
+from uniagent.train import algo, mismatch
 from uniagent.train.config import build_train_config
 from uniagent.train.toy import ToyTask, load_toy_tasks
 
@@ -111,6 +111,57 @@ def test_kl_loss_is_verls() -> None:
     assert torch.allclose(ours, theirs)
 
 
+def test_mismatch_metrics_on_a_crafted_batch() -> None:
+    """Known rollout vs recompute logprobs: the gap (mean and max of |rollout - recompute|) and verl's
+    mismatch statistics count model tokens only; context tokens and padding with huge gaps do not."""
+    rollout = torch.tensor([[-1.0, -2.0, -0.5, -9.0, -1.0], [-0.2, -0.3, 0.0, 0.0, 0.0]])
+    recompute = torch.tensor([[-1.1, -2.0, -1.5, 0.0, -1.4], [-0.2, -0.1, -7.0, -7.0, -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0, 0.0]])  # [0, 3]: a tool result
+    m = mismatch.mismatch_metrics(recompute, rollout, mask)
+    gaps = [0.1, 0.0, 1.0, 0.4, 0.0, 0.2]
+    assert m["training/rollout_logprob_diff_mean"] == pytest.approx(sum(gaps) / 6)
+    assert m["training/rollout_logprob_diff_max"] == pytest.approx(1.0)
+    log_ratio = (recompute - rollout)[mask.bool()]
+    assert m["rollout_corr/k3_kl"] == pytest.approx(float((log_ratio.exp() - log_ratio - 1).mean()))
+    assert m["rollout_corr/kl"] == pytest.approx(float(-log_ratio.mean()))
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(float(torch.tensor(0.2).exp()))  # row 1, token 1
+    assert m["training/rollout_probs_diff_valid"] == 1.0
+    assert all(isinstance(v, float) for v in m.values())
+    same = mismatch.mismatch_metrics(rollout, rollout, mask)
+    assert same["training/rollout_logprob_diff_max"] == 0.0 and same["rollout_corr/k3_kl"] == 0.0
+
+
+def test_tis_weights_are_truncated_and_scale_the_policy_loss() -> None:
+    """verl's token-level TIS: weight = min(pi_trainer / pi_rollout, threshold), zero off the mask,
+    multiplied into the per-token loss by verl's own policy loss (a token whose ratio is above the
+    threshold gets exactly `threshold` times its unweighted gradient)."""
+    rollout = torch.tensor([[-2.0, -1.0, -1.0, -1.0]])
+    recompute = torch.tensor([[-1.0, -1.0, -1.5, -1.0]])  # ratios e, 1, e^-0.5, (context)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w = mismatch.is_weights(recompute, rollout, mask, "token", 2.0)
+    assert w.tolist()[0] == pytest.approx([2.0, 1.0, float(torch.tensor(-0.5).exp()), 0.0])
+    assert not w.requires_grad
+    icepop = mismatch.is_weights(recompute, rollout, mask, "token", "0.7_2.0")
+    assert icepop.tolist()[0] == pytest.approx([0.0, 1.0, 0.0, 0.0])  # outside [0.7, 2]: dropped
+    seq = mismatch.is_weights(recompute, rollout, mask, "sequence", 10.0)
+    assert seq[0, :3].tolist() == pytest.approx([float(torch.tensor(0.5).exp())] * 3)
+
+    adv = torch.ones(1, 4) * mask
+    cfg = algo.actor_config("vanilla", 0.2, 0.28, 3.0, int(mask.sum()), 1)
+    grads = []
+    for weights in (None, w):
+        logp = recompute.clone().requires_grad_(True)
+        loss, _ = algo.policy_loss("vanilla", logp.detach(), logp, adv, mask, "token-mean", cfg, weights)
+        theirs, _ = core_algos.compute_policy_loss_vanilla(
+            logp.detach(), logp, adv, mask, loss_agg_mode="token-mean", config=cfg, rollout_is_weights=weights
+        )
+        assert torch.equal(loss, theirs)
+        loss.backward()
+        grads.append(logp.grad)
+    assert torch.allclose(grads[1], grads[0] * w)
+    assert grads[1][0, 0] == pytest.approx(2.0 * grads[0][0, 0])  # clipped at the threshold
+
+
 def test_context_tokens_get_no_gradient() -> None:
     traj = _traj(4, [("model", 3), ("context", 5), ("model", 2)])
     batch = algo.pack([traj, _traj(2, [("model", 6)], 1)])
@@ -143,6 +194,11 @@ def test_teacher_forced_logprobs_match_the_engine(smol_source) -> None:
     with torch.no_grad():
         logp = algo.response_log_probs(model, batch)
     assert torch.allclose(logp, batch.old_log_probs, atol=1e-3)
+    # the same recompute for any (prompt, response) pair, e.g. tokens another server generated
+    pairs = [([1, 9690, 28, 940], gen.token_ids), ([1, 9690], gen.token_ids[:2])]
+    again = mismatch.recompute_log_probs(model, pairs, micro_batch_size=1)
+    assert [len(r) for r in again] == [len(gen.token_ids), 2]
+    assert again[0] == pytest.approx(gen.logprobs, abs=1e-3)
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -219,6 +275,48 @@ def test_update_is_seen_by_the_next_generation(trainer) -> None:
     assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(
         before.logprobs[0]
     )
+
+
+@pytest.mark.parametrize("rollout_is", [None, "token"])
+def test_update_reports_the_gap_and_applies_tis_when_asked(trainer, monkeypatch, rollout_is) -> None:
+    """The step's gap metrics are those of the trainer's recompute against the engine's logprobs (made
+    up here, so the gap is large); with `rollout_is` set, verl's decoupled mode: the loss ratio is
+    against the recompute and verl's truncated weights of recompute vs rollout reach the loss."""
+    from uniagent.train.local import Sample
+
+    corr = {"rollout_is": rollout_is, "rollout_is_threshold": 1.5}
+    algo_cfg = trainer.cfg.algo.model_copy(
+        update={"rollout_correction": trainer.cfg.algo.rollout_correction.model_validate(corr)}
+    )
+    monkeypatch.setattr(trainer, "cfg", trainer.cfg.model_copy(update={"algo": algo_cfg}))
+    task = load_toy_tasks(limit=1)[0]
+    trajs = [_traj(5, [("model", 3), ("context", 2), ("model", 2)], s) for s in range(2)]
+    trajs[0].response_logprobs[0] = -60.0  # a token the "engine" found far less likely: ratio >> 1.5
+    batch = algo.pack(trajs)
+    with torch.no_grad():
+        recompute = algo.response_log_probs(trainer.policy, batch)
+    expected = mismatch.mismatch_metrics(recompute, batch.old_log_probs, batch.response_mask, "token", 1.5)
+    calls: list[tuple] = []
+    real_loss = algo.policy_loss
+    monkeypatch.setattr(algo, "policy_loss", lambda *a: calls.append(a) or real_loss(*a))
+    metrics = trainer.update(
+        [Sample(task, "g", _episode(t, float(i), ExitReason.FINISHED)) for i, t in enumerate(trajs)]
+    )
+    for key in (
+        "training/rollout_logprob_diff_mean",
+        "training/rollout_logprob_diff_max",
+        "rollout_corr/k3_kl",
+    ):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), key
+    assert metrics["training/rollout_logprob_diff_max"] > 1.0  # made-up engine logprobs vs SmolLM2's
+    ((_mode, old, logp, _adv, mask, _agg, _cfg, weights),) = calls  # one micro-batch
+    if rollout_is is None:  # verl's bypass: the ratio is against the engine's logprobs, no weights
+        assert weights is None and torch.equal(old, batch.old_log_probs)
+    else:
+        assert torch.equal(old, logp.detach())
+        ratio = (old - batch.old_log_probs).exp() * mask
+        assert torch.allclose(weights, ratio.clamp(max=1.5), atol=1e-5)
+        assert weights.max() == pytest.approx(1.5) and (weights * (1 - mask)).abs().sum() == 0
 
 
 def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
@@ -388,6 +486,44 @@ def test_names_verl_knows_are_accepted() -> None:
     assert (cfg.algo.adv_estimator, cfg.algo.loss_mode, cfg.algo.kl_loss_type) == ("rloo", "gspo", "k3+")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["algo.rollout_correction.rollout_is=tis"], "algo.rollout_correction.rollout_is"),
+        (["algo.rollout_correction.rollout_is_threshold=0"], "algo.rollout_correction.rollout_is_threshold"),
+        (
+            ["algo.rollout_correction.rollout_is_threshold=yes"],
+            "algo.rollout_correction.rollout_is_threshold",
+        ),
+        (
+            [
+                "algo.rollout_correction.rollout_is_threshold=2",
+                "algo.rollout_correction.rollout_is_threshold_lower=3",
+            ],
+            "algo.rollout_correction",
+        ),
+        (["algo.rollout_correction.rollout_rs=token_k1"], "algo.rollout_correction.rollout_rs"),
+    ],
+)
+def test_rollout_correction_settings_are_validated(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^config {key}: "):
+        build_train_config(None, overrides)
+
+
+def test_rollout_correction_is_off_by_default_and_maps_to_verls_threshold() -> None:
+    corr = build_train_config(None, []).algo.rollout_correction
+    assert corr.rollout_is is None and corr.threshold_spec == 2.0
+    on = build_train_config(
+        None,
+        [
+            "algo.rollout_correction.rollout_is=token",
+            "algo.rollout_correction.rollout_is_threshold=5",
+            "algo.rollout_correction.rollout_is_threshold_lower=0.5",
+        ],
+    ).algo.rollout_correction
+    assert on.rollout_is == "token" and on.threshold_spec == "0.5_5.0"  # verl's IcePop spelling
+
+
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"algo\.lossmode"):
         build_train_config(None, ["algo.lossmode=gspo"])
@@ -416,8 +552,14 @@ def test_cli_short_run_writes_metrics_curve_and_checkpoint(tmp_path: Path) -> No
         "ppo_kl",
         "rollout_tokens_per_s",
         "step_s",
+        "training/rollout_logprob_diff_mean",
+        "training/rollout_logprob_diff_max",
+        "rollout_corr/k3_kl",
+        "rollout_corr/rollout_is_mean",
     ):
         assert key in rows[0], key
+    # the engine serves the trainer's own weights: rollout vs recompute is float noise
+    assert rows[0]["training/rollout_logprob_diff_max"] < 1e-2
     assert rows[0]["episodes"] == 2
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in (out / "checkpoints").glob("*.pt")] == ["step_000002.pt"]

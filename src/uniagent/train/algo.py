@@ -195,11 +195,14 @@ def policy_loss(
     response_mask: torch.Tensor,
     loss_agg_mode: str,
     config: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's policy loss `loss_mode` (vanilla = PPO clip, gspo, cispo, ...) and its metrics."""
+    """verl's policy loss `loss_mode` (vanilla = PPO clip, gspo, cispo, ...) and its metrics.
+    `rollout_is_weights` (train/mismatch.py) scale the per-token loss inside verl's function."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     fn = get_policy_loss_fn(loss_mode)
+    extra = {} if rollout_is_weights is None else {"rollout_is_weights": rollout_is_weights}
     return fn(
         old_log_prob=old_log_probs,
         log_prob=log_probs,
@@ -207,6 +210,7 @@ def policy_loss(
         response_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         config=config,
+        **extra,
     )
 
 

@@ -83,7 +83,10 @@ def train(
         console.print(
             f"step {row['step']:>4}  reward {'-' if reward is None else f'{reward:.3f}'}  "
             f"loss {row.get('loss', float('nan')):+.4f}  clipfrac {row.get('pg_clipfrac', 0.0):.3f}  "
-            f"kl {row.get('ppo_kl', 0.0):+.5f}  {row['rollout_tokens_per_s']:.0f} tok/s  {row['step_s']:.1f}s"
+            f"kl {row.get('ppo_kl', 0.0):+.5f}  "
+            f"logprob gap {row.get('training/rollout_logprob_diff_mean', 0.0):.1e}"
+            f"/{row.get('training/rollout_logprob_diff_max', 0.0):.1e}  "
+            f"{row['rollout_tokens_per_s']:.0f} tok/s  {row['step_s']:.1f}s"
         )
 
     run_local(cfg, resume=resume, on_step=show)

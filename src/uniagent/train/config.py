@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.parsers.registry import known_parser
@@ -51,6 +51,48 @@ def algo_name(key: str, name: str) -> str:
     return algo.check_name(key, name)
 
 
+class RolloutCorrectionSection(BaseModel):
+    """verl's `algorithm.rollout_correction` (decoupled mode, IS weights only), off by default.
+
+    The local trainer's engine serves the trainer's own weights, so its rollout/recompute gap is
+    float noise; a correction matters when rollouts come from another engine (llama.cpp, vLLM,
+    SGLang) or precision. The gap is reported every step either way.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_is: Literal["token", "sequence"] | None = Field(
+        None,
+        description="None: report the gap only; token: per-token truncated IS (TIS); sequence: per-sequence",
+    )
+    rollout_is_threshold: float = Field(2.0, gt=0, description="TIS: weights above this are clamped to it")
+    rollout_is_threshold_lower: float | None = Field(
+        None, gt=0, description="set: IcePop instead of TIS, weights outside [lower, threshold] become 0"
+    )
+
+    @field_validator("rollout_is_threshold", "rollout_is_threshold_lower", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML's yes/no/true would pass as 1.0 / 0.0
+            raise ValueError("a threshold is a positive number, not a boolean")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RolloutCorrectionSection:
+        lower = self.rollout_is_threshold_lower
+        if lower is not None and lower > self.rollout_is_threshold:
+            raise ValueError("rollout_is_threshold_lower must be <= rollout_is_threshold")
+        return self
+
+    @property
+    def threshold_spec(self) -> float | str:
+        """verl's `rollout_is_threshold`: the upper bound, or "lower_upper" for IcePop. Kept as two
+        typed numbers here because YAML reads an unquoted `0.5_2` as the float 0.52."""
+        if self.rollout_is_threshold_lower is None:
+            return self.rollout_is_threshold
+        return f"{self.rollout_is_threshold_lower}_{self.rollout_is_threshold}"
+
+
 class AlgoSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,6 +109,10 @@ class AlgoSection(BaseModel):
         0.0, ge=0, description="> 0 keeps a frozen reference model (verl use_kl_loss)"
     )
     kl_loss_type: str = Field("low_var_kl", description="verl kl_penalty: kl/k1, abs, mse/k2, low_var_kl/k3")
+    rollout_correction: RolloutCorrectionSection = Field(
+        default_factory=RolloutCorrectionSection,
+        description="truncated importance sampling for the rollout engine vs trainer logprob gap",
+    )
 
     # Names verl resolves only when the first update runs: checked here, before any rollout.
     @field_validator("adv_estimator")

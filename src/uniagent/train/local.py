@@ -37,6 +37,12 @@ How a step works, and why
    `model.temperature` below 1 the rollouts are mildly off-policy for the policy being optimised
    (the PPO ratio still starts at 1; the clip bounds the drift). verl's GRPO gives a group of one
    (its siblings all failed for infrastructure reasons) mean 0 and std 1, i.e. advantage = reward.
+   **Train/inference mismatch**: the forward's logprobs are also the trainer's recompute of the
+   rollout tokens; every step reports their gap to the engine's (`training/rollout_logprob_diff_mean`
+   and `_max` over model tokens, verl's `rollout_corr/*` and `training/rollout_probs_diff_*`; see
+   `train/mismatch.py`). `algo.rollout_correction.rollout_is` (off by default: this engine serves
+   the trainer's own weights, so the gap is float noise) switches to verl's decoupled mode with
+   truncated importance-sampling weights in the policy loss, for rollouts from another engine.
 4. **Update**: AdamW, global grad-norm clip. Generation and update never overlap: a step starts
    only after every rollout request has returned (checked against the engine's counters).
 """
@@ -65,7 +71,7 @@ from uniagent.agent.result import EpisodeResult, check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
-from uniagent.train import algo
+from uniagent.train import algo, mismatch
 from uniagent.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -231,19 +237,32 @@ class LocalTrainer:
         sums: dict[str, float] = {"pg_loss": 0.0, "kl_loss": 0.0}
         weighted: dict[str, float] = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
         mb = cfg.trainer.micro_batch_size
+        corr = cfg.algo.rollout_correction
+        recomputed = torch.zeros_like(batch.old_log_probs)  # the trainer's logprobs of the rollout tokens
         for start in range(0, len(batch), mb):
             rows = slice(start, start + mb)
             micro = batch.select(rows)
             adv = advantages[rows, : micro.response_ids.shape[1]]
             logp = algo.response_log_probs(self.policy, micro)
+            recomputed[rows, : logp.shape[1]] = logp.detach()
+            old, is_weights = micro.old_log_probs, None
+            if corr.rollout_is is not None:
+                # verl's decoupled mode: the ratio is against the trainer's own logprobs (pi_old; the
+                # weights do not change before the optimizer step, so this forward's detached logprobs
+                # are verl's separate recompute) and the truncated IS weight carries pi_old / pi_rollout.
+                old = logp.detach()
+                is_weights = mismatch.is_weights(
+                    old, micro.old_log_probs, micro.response_mask, corr.rollout_is, corr.threshold_spec
+                )
             pg_loss, pg_metrics = algo.policy_loss(
                 cfg.algo.loss_mode,
-                micro.old_log_probs,
+                old,
                 logp,
                 adv,
                 micro.response_mask,
                 cfg.algo.loss_agg_mode,
                 actor_cfg,
+                is_weights,
             )
             loss = pg_loss
             if self.ref is not None:
@@ -276,6 +295,11 @@ class LocalTrainer:
         metrics["grad_norm"] = float(grad_norm)
         metrics["train_tokens"] = float(total_tokens)
         metrics["adv_abs_mean"] = float((advantages.abs() * batch.response_mask).sum() / max(total_tokens, 1))
+        level = corr.rollout_is or "token"
+        gap = mismatch.mismatch_metrics(
+            recomputed, batch.old_log_probs, batch.response_mask, level, corr.threshold_spec
+        )
+        metrics.update(gap)
         return metrics
 
     # ------------------------------------------------------------------------------- loop
