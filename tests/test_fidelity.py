@@ -1,9 +1,13 @@
 """Fidelity with the real model: what the trainer sees is exactly what the policy did.
 
-SmolLM2 through TokenChatModel + LocalEngine, five turns with tool results in between.
+SmolLM2 through TokenChatModel + LocalEngine, five turns with tool results in between; every turn
+after the first reuses the episode's kept prefix (keys/values), and logprobs must still match a
+teacher-forced fp32 recompute.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 import torch
@@ -73,8 +77,11 @@ async def _episode(engine, codec, temperature: float, max_tokens: int, seed: int
 @pytest.mark.parametrize(("temperature", "max_tokens"), [(0.0, 40), (0.8, 24)])
 async def test_five_turn_episode_is_token_exact(smol_engine, smol_tokenizer, temperature, max_tokens):
     codec = ChatCodec(smol_tokenizer)
+    before = smol_engine.stats
     spy, chat, traj, messages, contexts = await _episode(smol_engine, codec, temperature, max_tokens)
     assert traj.num_turns == 5
+    # Turns 2-5 reused the episode's kept prefix (the checks below run with reuse on).
+    assert smol_engine.stats.prefix_hits - before.prefix_hits == 4
 
     # Every mask-1 token is exactly what the engine returned, in order.
     model_spans = [s for s in traj.spans if s.kind == "model"]
@@ -135,3 +142,39 @@ async def test_rewritten_history_is_refused(smol_engine, smol_tokenizer):
     messages = [{"role": "user", "content": "Say bye."}, turn.message, {"role": "user", "content": "Again."}]
     with pytest.raises(HistoryMismatchError):
         await chat.query(messages)
+
+
+def _teacher_forced_gap(engine, prompt, generation) -> float:
+    ids = torch.tensor([prompt + generation.token_ids])
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
+    return max(
+        abs(logprobs[len(prompt) - 1 + i, token].item() - lp)
+        for i, (token, lp) in enumerate(zip(generation.token_ids, generation.logprobs, strict=True))
+    )
+
+
+async def test_reused_and_fresh_rows_in_one_batch_keep_teacher_forced_logprobs(smol_engine, smol_tokenizer):
+    """Turn 2 of one episode (its history's keys/values reused) prefilled and decoded in the same batch
+    as turn 1 of another (fresh, different length): both within 1e-3 of a teacher-forced fp32 pass."""
+    codec = ChatCodec(smol_tokenizer)
+    sampling = SamplingParams(temperature=0.8, max_tokens=8, seed=3, stop_token_ids=[])
+    first = codec.prompt_ids([{"role": "user", "content": "List the files, then read README.md please."}])
+    gen = await smol_engine.generate(first, sampling, "fid-reused")
+    second = (
+        first
+        + gen.token_ids
+        + codec.eot_ids
+        + codec.continuation_ids([{"role": "user", "content": "Now show me the tests directory."}])
+    )
+    other = codec.prompt_ids([{"role": "user", "content": "What is 2+2?"}])
+    before = smol_engine.stats
+    reused, fresh = await asyncio.gather(
+        smol_engine.generate(second, sampling, "fid-reused"),
+        smol_engine.generate(other, sampling, "fid-fresh"),
+    )
+    after = smol_engine.stats
+    assert after.prefix_hits - before.prefix_hits == 1
+    assert after.prefill_batches - before.prefill_batches == 1  # one prefill for both rows
+    assert _teacher_forced_gap(smol_engine, second, reused) < 1e-3
+    assert _teacher_forced_gap(smol_engine, other, fresh) < 1e-3

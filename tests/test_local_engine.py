@@ -204,3 +204,138 @@ async def test_shared_weights_and_close(smol_engine, prompts):
         assert gen.finish_reason == "stop" and gen.token_ids[-1] == IM_END  # stop came from eos_token_ids
     with pytest.raises(EngineError, match="closed"):
         await engine.generate(prompts[0], greedy(), "too-late")
+
+
+# ------------------------------------------------------------------------- prefix reuse between turns
+
+
+def next_turn(prompt: list[int], gen: Generation, text: list[int]) -> list[int]:
+    """What TokenChatModel sends next: the running sequence plus the new context tokens."""
+    return prompt + gen.token_ids + text
+
+
+async def test_a_second_turn_prefills_only_its_new_tokens_and_matches_a_fresh_run(smol_engine, prompts):
+    first = await smol_engine.generate(prompts[1], greedy(6, stop=[]), "episode-a")
+    second_prompt = next_turn(prompts[1], first, prompts[3][1:])
+    before = smol_engine.stats
+    second = await smol_engine.generate(second_prompt, greedy(6, stop=[]), "episode-a")
+    after = smol_engine.stats
+    assert after.prefix_hits - before.prefix_hits == 1
+    # Everything but the last generated token (sampled, never run through the model) was kept.
+    reused = len(prompts[1]) + len(first.token_ids) - 1
+    assert after.prefix_reused_tokens - before.prefix_reused_tokens == reused
+    assert after.prefill_tokens - before.prefill_tokens == len(second_prompt) - reused
+    fresh = await smol_engine.generate(second_prompt, greedy(6, stop=[]), "someone-else")
+    assert_same(fresh, second)
+
+
+async def test_a_changed_prefix_is_reused_only_up_to_the_first_difference(smol_engine, prompts):
+    first = await smol_engine.generate(prompts[2], greedy(4, stop=[]), "episode-b")
+    edited = list(prompts[2])
+    cut = len(edited) // 2
+    edited[cut] = prompts[5][cut] if prompts[5][cut] != edited[cut] else edited[cut] + 1
+    rewritten = next_turn(edited, first, prompts[0][1:])
+    before = smol_engine.stats
+    gen = await smol_engine.generate(rewritten, greedy(4, stop=[]), "episode-b")
+    after = smol_engine.stats
+    assert after.prefix_reused_tokens - before.prefix_reused_tokens == cut
+    assert after.prefill_tokens - before.prefill_tokens == len(rewritten) - cut
+    fresh = await smol_engine.generate(rewritten, greedy(4, stop=[]), "not-episode-b")
+    assert_same(fresh, gen)
+    # A history that differs from the first token on is not reused at all.
+    before = smol_engine.stats
+    await smol_engine.generate([IM_END, *prompts[6][1:]], greedy(2, stop=[]), "episode-b")
+    assert smol_engine.stats.prefix_hits == before.prefix_hits
+
+
+async def test_cancelled_or_failed_requests_leave_no_prefix(smol_engine, prompts, monkeypatch):
+    first = await smol_engine.generate(prompts[4], greedy(4, stop=[]), "episode-c")
+    second = next_turn(prompts[4], first, prompts[0][1:])
+    before = smol_engine.stats
+    task = asyncio.create_task(smol_engine.generate(second, greedy(64, stop=[]), "episode-c"))
+    while smol_engine.stats.decode_steps < before.decode_steps + 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert smol_engine.stats.prefix_hits == before.prefix_hits + 1  # it had taken the prefix over
+    # The cancelled turn's prefix is gone: the retry runs its whole prompt, and gets the right answer.
+    before = smol_engine.stats
+    retry = await smol_engine.generate(second, greedy(4, stop=[]), "episode-c")
+    after = smol_engine.stats
+    assert after.prefix_hits == before.prefix_hits
+    assert after.prefill_tokens - before.prefill_tokens == len(second)
+    assert_same(await smol_engine.generate(second, greedy(4, stop=[]), "fresh-c"), retry)
+
+    real_forward = smol_engine._forward
+    calls = 0
+
+    def flaky(**inputs):
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the first decode step of the reused turn
+            raise RuntimeError("boom")
+        return real_forward(**inputs)
+
+    third = next_turn(second, retry, prompts[3][1:])
+    monkeypatch.setattr(smol_engine, "_forward", flaky)
+    with pytest.raises(EngineError, match="boom"):
+        await smol_engine.generate(third, greedy(4, stop=[]), "episode-c")
+    monkeypatch.setattr(smol_engine, "_forward", real_forward)
+    before = smol_engine.stats
+    await smol_engine.generate(third, greedy(2, stop=[]), "episode-c")
+    assert smol_engine.stats.prefix_hits == before.prefix_hits
+
+
+async def test_prefix_budget_zero_turns_reuse_off(smol_engine, prompts):
+    engine = LocalEngine.from_model(smol_engine.model, prefix_cache_bytes=0)
+    async with engine:
+        first = await engine.generate(prompts[0], greedy(3, stop=[]), "episode-d")
+        second = next_turn(prompts[0], first, prompts[3][1:])
+        reused = await smol_engine.generate(second, greedy(3, stop=[]), "x")
+        gen = await engine.generate(second, greedy(3, stop=[]), "episode-d")
+        assert engine.stats.prefix_hits == 0
+        assert engine.stats.prefill_tokens == len(prompts[0]) + len(second)
+    assert_same(reused, gen)
+
+
+async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, prompts, monkeypatch):
+    """Tiny spare/chunk sizes make every few decode steps regrow the buffers, joins included."""
+    import uniagent.models.kv as kv
+    import uniagent.models.local as local
+
+    chosen = prompts[:3]
+    alone = [
+        await smol_engine.generate(p, greedy(8, stop=[]), f"solo-grow-{i}") for i, p in enumerate(chosen)
+    ]
+    monkeypatch.setattr(local, "_SPARE", 1)
+    monkeypatch.setattr(kv, "_CHUNK", 1)
+
+    async def late(i: int, prompt: list[int]) -> Generation:
+        await asyncio.sleep(0.1 * i)
+        return await smol_engine.generate(prompt, greedy(8, stop=[]), f"grow-{i}")
+
+    together = await asyncio.gather(*(late(i, p) for i, p in enumerate(chosen)))
+    for a, b in zip(alone, together, strict=True):
+        assert_same(a, b)
+
+
+def test_prefix_store_budget_evicts_the_least_recently_used():
+    from uniagent.models.kv import Prefix, PrefixStore
+
+    def entry(n: int) -> Prefix:  # 2 layers x 1 head x n tokens x 4 dims x (keys+values) x 4 bytes
+        return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
+
+    store = PrefixStore(budget_bytes=entry(10).nbytes * 2)
+    store.put("a", entry(10))
+    store.put("b", entry(10))
+    assert store.match("a", list(range(20))) == 10
+    assert store.match("a", [0, 1, 9]) == 2
+    assert store.match("a", list(range(5))) == 4  # the last prompt token always runs
+    store.put("c", entry(10))  # over budget: "a" (oldest) goes
+    assert store.match("a", list(range(20))) == 0 and len(store) == 2
+    store.take("b")
+    store.put("d", entry(10))
+    assert {"c", "d"} == {k for k in ("a", "b", "c", "d") if store.match(k, list(range(20)))}
+    store.put("e", entry(30))  # larger than the whole budget: not kept, nothing evicted for it
+    assert len(store) == 2 and store.nbytes == entry(10).nbytes * 2

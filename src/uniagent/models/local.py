@@ -9,6 +9,12 @@ Why it is built this way:
   prefilled together (left-padded), then their cache is merged into the running batch by padding the
   shorter cache on the left with masked slots. Rotary positions are per row (the count of real tokens),
   and keys carry their rotation, so padding changes a row's numbers only by float noise.
+- Keys and values live in a preallocated `SlotCache` written in place, and grouped kv heads are never
+  repeated (`models/kv.py` says why: at long contexts both copies cost more than the attention itself).
+- Prefix reuse: when a request finishes, its row's keys/values and the exact ids they cover are kept
+  under its (sticky, per-episode) request id in a `PrefixStore` with a byte budget; the next request
+  with that id prefills only the tokens after the longest common prefix. A turn of an agent episode
+  then costs its new tokens, not its whole history.
 - The logprob of a token is the raw model log-softmax (temperature 1, before top-k/top-p) in fp32:
   that is what a trainer recomputes with one teacher-forced pass.
 - Engines never assume the tokenizer's eos (SmolLM2 reports `<|im_start|>`); callers pass stop ids.
@@ -31,6 +37,7 @@ import torch
 
 from uniagent.errors import EngineError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
+from uniagent.models.kv import Dims, Prefix, PrefixStore, SlotCache, supports_slots, use_gqa_attention
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.registry import EngineKind
 
@@ -42,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _PAD_ID = 0  # any valid id: padded slots are masked out and never read back
+DEFAULT_PREFIX_CACHE_BYTES = 2 * 1024**3
+_SPARE = 256  # decode columns reserved past a prefill or merge; the cache grows by chunks after that
 
 
 @dataclass
@@ -50,6 +59,8 @@ class EngineStats:
 
     `prefill_batches` counts groups of requests admitted together (one prefill forward each);
     with iteration-level joining a group joins the running batch instead of waiting for it.
+    `prefill_tokens` counts prompt tokens actually run; `prefix_hits` requests that reused a kept
+    prefix and `prefix_reused_tokens` the prompt tokens they did not run again.
     """
 
     requests: int = 0
@@ -60,6 +71,9 @@ class EngineStats:
     decode_steps: int = 0
     generated_tokens: int = 0
     max_rows: int = 0
+    prefill_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_reused_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -74,6 +88,9 @@ class _Request:
     cancelled: bool = False
     # Called on the request's event loop with (token_id, logprob) as each token is sampled (streaming).
     on_token: Callable[[int, float], None] | None = None
+    # Set by the worker at admission: the kept prefix this request took over and how much of it it reuses.
+    prefix: Prefix | None = None
+    reused: int = 0
 
     @property
     def budget(self) -> int:
@@ -92,11 +109,12 @@ class _Row:
 
 @dataclass(eq=False)
 class _Batch:
-    """Rows decoded together: their shared cache and the [rows, cache_len] mask of real slots."""
+    """Rows decoded together and their shared cache. `mask` ([rows, cache_len], real slots) is kept here
+    only for a `DynamicCache` (models `SlotCache` cannot serve); a `SlotCache` holds its own."""
 
     rows: list[_Row]
     cache: Any
-    mask: torch.Tensor
+    mask: torch.Tensor | None = None
 
     @property
     def budget(self) -> int:
@@ -114,6 +132,11 @@ class LocalEngine:
     worst-case tokens (prompt + max_tokens each) stay under `max_batch_tokens`, and one prefill pads at
     most `max_prefill_tokens`. A request over a cap still runs, alone. Requests are admitted in arrival
     order; a queued request that does not fit waits for rows to finish.
+
+    `prefix_cache_bytes` bounds the keys/values kept between the turns of episodes (per request id,
+    least recently used dropped first; SmolLM2-135M in fp32 needs 46 KiB per token, so the 2 GiB default
+    holds ~45,000 tokens); 0 turns prefix reuse off. Models with sliding-window layers keep the plain
+    transformers cache: no reuse, and a running batch does not take in new requests.
     """
 
     def __init__(
@@ -128,6 +151,7 @@ class LocalEngine:
         batch_wait_s: float = 0.002,
         eos_token_ids: Iterable[int] = (),
         max_model_len: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -147,13 +171,14 @@ class LocalEngine:
         self._max_model_len = max_model_len
         self._eos_ids = frozenset(int(i) for i in eos_token_ids)
         self._stats = EngineStats()
+        self._prefixes = PrefixStore(prefix_cache_bytes)
         self._pending: collections.deque[_Request] = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         if loader is None:
-            self._adopt(model)  # type: ignore[arg-type]
+            self._adopt(model, owned=False)  # type: ignore[arg-type]
         self._thread = threading.Thread(
             target=self._main, args=(loader,), name=f"LocalEngine[{self.name}]", daemon=True
         )
@@ -163,8 +188,16 @@ class LocalEngine:
             self._thread.join()
             raise self._load_error
 
-    def _adopt(self, model: torch.nn.Module) -> None:
+    def _adopt(self, model: torch.nn.Module, owned: bool) -> None:
+        """Take the model; one the engine loaded itself also switches to the copy-free GQA attention
+        (a shared model is left as its owner configured it)."""
         self._model = model
+        self._slots = supports_slots(model)
+        self._dims = Dims.of(model) if self._slots else None
+        if not self._slots:
+            self._prefixes.budget_bytes = 0
+        if owned and self._slots:
+            use_gqa_attention(model)
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_model_len = self._max_model_len or getattr(model.config, "max_position_embeddings", None)
@@ -283,7 +316,7 @@ class LocalEngine:
         """
         if loader is not None:
             try:
-                self._adopt(loader())
+                self._adopt(loader(), owned=True)
             except BaseException as exc:
                 self._load_error = exc
                 self._ready.set()
@@ -350,7 +383,7 @@ class LocalEngine:
                     )
             if self._closing:
                 return None
-            if batch is not None and not _can_join(batch.cache):
+            if batch is not None and not self._slots:
                 return []
             rows = len(batch.rows) if batch is not None else 0
             budget = batch.budget if batch is not None else 0
@@ -362,7 +395,8 @@ class LocalEngine:
                     self._pending.popleft()
                     self._stats.cancelled += 1
                     continue
-                n = len(request.prompt_ids)
+                reused = self._prefixes.match(request.request_id, request.prompt_ids)
+                n = len(request.prompt_ids) - reused  # what this prefill runs
                 fits = (
                     budget + request.budget <= self.max_batch_tokens
                     and (len(taken) + 1) * max(longest, n) <= self.max_prefill_tokens
@@ -370,6 +404,9 @@ class LocalEngine:
                 if not fits and (taken or rows):  # an oversized request still runs, alone
                     break
                 taken.append(self._pending.popleft())
+                # The request owns its episode's prefix from here: a failure or cancellation drops it.
+                request.prefix = self._prefixes.take(request.request_id)
+                request.reused = reused
                 budget += request.budget
                 longest = max(longest, n)
             return taken
@@ -379,39 +416,78 @@ class LocalEngine:
         return self._model(**inputs)
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
-        from transformers import DynamicCache
+        """Run the prompts' new tokens (after any reused prefix) together, in one forward pass.
 
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = [[_PAD_ID] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests]
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self._model.config)
+        Layout of the cache: reused prefixes end at column `past` (right-aligned), new tokens fill the
+        `width` columns after it (right-aligned, left-padded); columns a row does not use are masked.
+        """
+        past = max(r.reused for r in requests)
+        width = max(len(r.prompt_ids) - r.reused for r in requests)
+        ids, new, positions = [], [], []
+        for r in requests:
+            n, pad = len(r.prompt_ids) - r.reused, width - len(r.prompt_ids) + r.reused
+            ids.append([_PAD_ID] * pad + r.prompt_ids[r.reused :])
+            new.append([0] * pad + [1] * n)
+            positions.append([0] * pad + list(range(r.reused, len(r.prompt_ids))))
+        new_mask = torch.tensor(new, dtype=torch.bool, device=self.device)
+        if self._slots:
+            assert self._dims is not None
+            spare = min(max(r.sampling.max_tokens for r in requests), _SPARE) + 1
+            cache = SlotCache(self._dims, len(requests), past + width + spare)
+            cache.advance(past)
+            for i, r in enumerate(requests):
+                if r.prefix is not None and r.reused:
+                    keys = [k[:, : r.reused] for k in r.prefix.keys]
+                    values = [v[:, : r.reused] for v in r.prefix.values]
+                    cache.place(i, keys, values, end=past)
+                r.prefix = None  # placed (or not reusable): the store's copy is no longer needed
+            mask = cache.attention_mask(new_mask)
+        else:
+            from transformers import DynamicCache
+
+            cache, mask = DynamicCache(config=self._model.config), new_mask
         out = self._forward(
             input_ids=torch.tensor(ids, device=self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
+            attention_mask=mask,
+            position_ids=torch.tensor(positions, device=self.device),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
         self._stats.prefill_batches += 1
+        self._stats.prefill_tokens += sum(new_row.count(1) for new_row in new)
+        hits = [r for r in requests if r.reused]
+        self._stats.prefix_hits += len(hits)
+        self._stats.prefix_reused_tokens += sum(r.reused for r in hits)
         rows = [_Row(request=r, generator=self._generator(r.sampling)) for r in requests]
         self._accept(rows, out.logits[:, -1, :])
-        return _Batch(rows=rows, cache=out.past_key_values, mask=mask.to(self.device))
+        if self._slots:
+            cache.advance(width)
+            return _Batch(rows=rows, cache=cache)
+        return _Batch(rows=rows, cache=out.past_key_values, mask=new_mask.long())
 
     def _decode(self, batch: _Batch) -> None:
         n = len(batch.rows)
         ids = torch.tensor([[row.token_ids[-1]] for row in batch.rows], device=self.device)
-        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((n, 1))], dim=1)
-        positions = batch.mask.sum(dim=1, keepdim=True) - 1
+        positions = torch.tensor(
+            [[len(row.request.prompt_ids) + len(row.token_ids) - 1] for row in batch.rows], device=self.device
+        )
+        if self._slots:
+            mask = batch.cache.attention_mask(torch.ones((n, 1), dtype=torch.bool, device=self.device))
+        else:
+            assert batch.mask is not None
+            batch.mask = mask = torch.cat([batch.mask, batch.mask.new_ones((n, 1))], dim=1)
         out = self._forward(
             input_ids=ids,
-            attention_mask=batch.mask,
+            attention_mask=mask,
             position_ids=positions,
             past_key_values=batch.cache,
             use_cache=True,
         )
-        batch.cache = out.past_key_values
+        if self._slots:
+            batch.cache.advance(1)
+        else:
+            batch.cache = out.past_key_values
         self._stats.decode_steps += 1
         self._stats.max_rows = max(self._stats.max_rows, n)
         self._accept(batch.rows, out.logits[:, -1, :])
@@ -456,34 +532,41 @@ class LocalEngine:
         return generator
 
     def _merge(self, batch: _Batch, joined: _Batch) -> _Batch:
-        """Stack two batches; the shorter cache gets masked slots on the left so columns line up."""
-        width = max(batch.mask.shape[1], joined.mask.shape[1])
-        for old, new in zip(batch.cache.layers, joined.cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(new.keys, width, 2)], dim=0)
-            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)], dim=0)
-        batch.mask = torch.cat([_left_pad(batch.mask, width, 1), _left_pad(joined.mask, width, 1)], dim=0)
-        batch.rows = batch.rows + joined.rows
-        return batch
+        """Stack two batches (one copy of both caches, right-aligned: see `SlotCache.merge`)."""
+        spare = min(max(row.request.sampling.max_tokens for row in batch.rows + joined.rows), _SPARE) + 1
+        return _Batch(rows=batch.rows + joined.rows, cache=SlotCache.merge(batch.cache, joined.cache, spare))
 
     def _compact(self, batch: _Batch) -> _Batch | None:
-        """Drop finished and cancelled rows, then cache columns no remaining row uses."""
+        """Keep finished rows' prefixes, then drop finished and cancelled rows (and columns nobody uses)."""
         keep = [i for i, row in enumerate(batch.rows) if row.finish is None and not row.request.cancelled]
         self._stats.cancelled += sum(1 for row in batch.rows if row.finish is None and row.request.cancelled)
+        if len(keep) == len(batch.rows):
+            return batch
+        if self._prefixes.budget_bytes:
+            for i, row in enumerate(batch.rows):
+                if row.finish is not None:
+                    self._keep_prefix(batch.cache, i, row)
         if not keep:
             return None
-        if len(keep) < len(batch.rows):
+        if self._slots:
+            batch.cache.select(keep)
+        else:
+            assert batch.mask is not None
             index = torch.tensor(keep, device=self.device)
             batch.cache.batch_select_indices(index)
             batch.mask = batch.mask[index]
-            batch.rows = [batch.rows[i] for i in keep]
-            if _can_join(batch.cache):
-                first = int(batch.mask.any(dim=0).int().argmax())
-                if first > 0:
-                    for layer in batch.cache.layers:
-                        layer.keys = layer.keys[:, :, first:, :]
-                        layer.values = layer.values[:, :, first:, :]
-                    batch.mask = batch.mask[:, first:]
+        batch.rows = [batch.rows[i] for i in keep]
         return batch
+
+    def _keep_prefix(self, cache: SlotCache, index: int, row: _Row) -> None:
+        """Store what row `index` has in the cache: its prompt and every generated token but the last
+        (sampled, never run). The count of real slots must match the ids, or nothing is stored."""
+        ids = row.request.prompt_ids + row.token_ids[:-1]
+        keys, values = cache.row_kv(index)
+        if keys[0].shape[1] != len(ids):
+            log.warning("LocalEngine: %s slots for %s ids; prefix not kept", keys[0].shape[1], len(ids))
+            return
+        self._prefixes.put(row.request.request_id, Prefix(ids=ids, keys=keys, values=values))
 
     def _fail_rows(self, rows: list[_Row], exc: Exception, extra: Iterable[_Request] = ()) -> None:
         log.warning("LocalEngine step failed: %r", exc)
@@ -504,23 +587,6 @@ class LocalEngine:
         for request in rows + pending:
             self._stats.failed += 1
             _settle(request, EngineError(f"request {request.request_id!r}: {error}"))
-
-
-def _can_join(cache: Any) -> bool:
-    """Cache surgery (merge, left crop) is only valid for plain full-attention dynamic layers."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
-
-
-def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
