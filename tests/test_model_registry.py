@@ -75,6 +75,14 @@ def test_bad_specs_are_config_errors_that_name_the_usages() -> None:
         ModelFactory(ModelConfig(spec="openai:"))
 
 
+def test_a_run_config_with_an_unknown_kind_fails_before_the_run(tmp_path: Path) -> None:
+    from uniagent.runner import build_config
+
+    with pytest.raises(ConfigError, match=r"unknown engine 'bogus'.*vllm:URL"):
+        build_config(None, ["model.spec=bogus:1", f"runner.output={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_registered_module_that_is_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(ENGINES, "ghost", "uniagent.models.ghost_engine")
     with pytest.raises(ConfigError, match=r"'ghost' is registered as uniagent.models.ghost_engine"):

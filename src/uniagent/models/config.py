@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.models.remote.config import RemoteConfig
 
@@ -44,6 +44,16 @@ class ModelConfig(BaseModel):
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
     timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
     remote: RemoteConfig = RemoteConfig()  # vllm/sglang/llamacpp: health checks, connections, retry backoff
+
+    @field_validator("spec")
+    @classmethod
+    def _registered_kind(cls, spec: str) -> str:
+        """A kind the registry does not know fails here, before a run creates anything (the
+        kind's module is imported only when the model is built)."""
+        from uniagent.models.registry import split_spec
+
+        split_spec(spec)
+        return spec
 
     @model_validator(mode="after")
     def _native_needs_endpoint(self) -> ModelConfig:
