@@ -63,6 +63,7 @@ bench: setup llama-server
 	$(PY) bench/sandbox.py
 	$(PY) bench/gateway.py
 	$(PY) bench/remote.py
+	$(PY) bench/mismatch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
