@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -99,6 +102,32 @@ def test_spec_builds_the_engine() -> None:
     assert kind.token_level and kind.usage == "llamacpp:URL[,URL...]"
     engine = build_llamacpp_engine(arg.split(","))
     assert isinstance(engine, LlamaCppEngine) and len(engine.replicas) == 2
+
+
+def test_find_binary_order_and_the_build_script_noop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$UNIAGENT_LLAMA_SERVER, else the cache's `current` link (what the build script maintains);
+    a cached binary makes the script a no-op that only prints its path (a stub binary here: the
+    real build is `make llama-server`)."""
+    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("UNIAGENT_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert find_binary() is None
+    script = REPO / "scripts" / "build-llama-server.sh"
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    key = subprocess.run(
+        [script, "--print-key"], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+    stub = tmp_path / "cache" / "llama-server" / key / "llama-server"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#!/bin/sh\n")
+    stub.chmod(0o755)
+    began = time.perf_counter()
+    out = subprocess.run([script], capture_output=True, text=True, env=env, check=True)
+    assert time.perf_counter() - began < 1.0 and out.stdout.strip() == str(stub)
+    assert find_binary() == str(tmp_path / "cache" / "llama-server" / "current" / "llama-server")
+    monkeypatch.setenv("UNIAGENT_LLAMA_SERVER", str(tmp_path / "missing"))
+    with pytest.raises(EngineError, match="UNIAGENT_LLAMA_SERVER"):
+        find_binary()
 
 
 async def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:

@@ -135,14 +135,14 @@ class LlamaCppEngine(RemoteEngine):
         missing = [i for i, x in enumerate(gen.logprobs) if math.isnan(x)]
         if missing:
             replica = await self._route(request_id)
-            forced = self._complete_token(sampling)
+            forced = self._forced_token(sampling)
             for i in missing:
                 prefix = [*prompt_ids, *gen.token_ids[:i]]
                 gen.logprobs[i] = await self._score(replica.url, prefix, gen.token_ids[i], forced, request_id)
         return gen
 
     @staticmethod
-    def _complete_token(sampling: SamplingParams) -> int:
+    def _forced_token(sampling: SamplingParams) -> int:
         """A token whose own text is complete, so the server records its probabilities: the stop
         token (a special token, whose text is ASCII)."""
         if sampling.stop_token_ids:
