@@ -2,45 +2,52 @@
 raw logprobs back.
 
 Spec: `llamacpp:http://HOST:8080[,http://HOST2:8080...]`. Fields, from the llama.cpp that the pinned
-`llama-cpp-python` sdist vendors (scripts/build-llama-server.sh; paths under vendor/llama.cpp/):
+`llama-cpp-python` sdist vendors (scripts/build-llama-server.sh; paths under vendor/llama.cpp/, line
+numbers of the 0.3.36 copy):
 
-- request (`tools/server/README.md`, "POST /completion"; parsed in `tools/server/server-schema.cpp`):
+- request (`tools/server/README.md:483`, "POST /completion"; parsed in `tools/server/server-schema.cpp`:
+  cache_prompt :31, return_tokens :34, n_predict :44, n_probs :179, post_sampling_probs :190,
+  logit_bias :434, samplers :505):
   `prompt: list[int]` (a token sequence is used as is; no BOS is added to an id list), `n_predict`,
   `temperature`, `top_k` (0 disables), `top_p`, `seed` (-1: random), `samplers` (the chain; we send
   temperature -> top_k -> top_p, the order transformers and vLLM use, so none of the server's
   defaults such as min_p 0.05 or top_k 40 applies), `n_probs: 1` with `post_sampling_probs: false`,
   `return_tokens: true`, `cache_prompt: true`, `stream: false`, and `response_fields` (only what we
   read comes back: no detokenized prompt, no settings echo).
-- response (`tools/server/server-task.cpp`, `server_task_result_cmpl_final::to_json_non_oaicompat`):
-  `tokens` (every sampled id, `server-context.cpp` `process_token`: pushed before any stop check),
+- response (`tools/server/server-task.cpp:340`, `server_task_result_cmpl_final::to_json_non_oaicompat`):
+  `tokens` (every sampled id, `server-context.cpp:1820` in `process_token`: pushed before any stop check),
   `completion_probabilities[i].{id, logprob}`, `stop_type` (`eos` | `word` | `limit` | `none`).
 
-Logprobs: "raw". With `post_sampling_probs: false`, `populate_token_probs` (`server-context.cpp`)
-calls `get_token_probabilities` (`server-common.cpp`): a softmax over the model's logits for the whole
-vocabulary, before logit bias, temperature and top-k/top-p; the JSON carries `log(p)`
-(`completion_token_output::logarithm`). Asking for these pre-sampling logits also turns off backend
-sampling (`need_pre_sample_logits`), so the sampler runs on the same logits.
+Logprobs: "raw". With `post_sampling_probs: false`, `populate_token_probs` (`server-context.cpp:1945`)
+calls `get_token_probabilities` (`server-common.cpp:1550`): a softmax over the model's logits for the
+whole vocabulary, before logit bias, temperature and top-k/top-p; the JSON carries `log(p)`
+(`completion_token_output::logarithm`, `server-task.cpp:304`). Asking for these pre-sampling logits
+also turns off backend sampling (`need_pre_sample_logits`, `server-context.cpp:1771`), so the
+sampler runs on the same logits.
 
 A gap in the server's record: a token that leaves the generated text in the middle of a UTF-8
 character gets no `completion_probabilities` entry (`process_token` only calls `add_token` once the
-text is complete), though it is in `tokens`. Such a token's logprob is asked for separately: the same
-prefix (cached, so only the new tokens are read) is sent with `n_predict: 1`, a `logit_bias` that
-forces a token whose text is complete, and `n_probs` over the whole vocabulary, whose raw list holds
-the missing token's logprob. Rare (emoji and other characters split over byte tokens).
+text is complete, `server-context.cpp:1826-1856`), though it is in `tokens`. Such a token's logprob
+is asked for separately: the same prefix (cached, so only the new tokens are read) is sent with
+`n_predict: 1`, a `logit_bias` that forces the stop token (a special token, whose text is complete)
+and `n_probs` 64, else the whole vocabulary; that raw top list holds the missing token's logprob.
+Rare: emoji and other characters split over byte tokens.
 
 Stop tokens: llama-server has no stop-token-id field. It ends a generation on any end-of-generation
-token of the GGUF's vocabulary (`llama_vocab_is_eog`, `stop_type: eos`), keeping that id as the last
-of `tokens`; a chat template's end-of-turn (SmolLM2's `<|im_end|>`, ChatML, Llama 3's `<|eot_id|>`)
-is one. A requested stop id that is not end-of-generation in the GGUF is found in the returned ids
-and the generation cut after it (kept, finish `stop`): correct, but the server went on generating
-until n_predict or an EOG (`stop` strings would stop it, but the server then drops the stop word's
-logprobs, see `send_final_response`).
+token of the GGUF's vocabulary (`llama_vocab_is_eog`, `stop_type: eos`, `server-context.cpp:1933`),
+keeping that id as the last of `tokens`; a chat template's end-of-turn (SmolLM2's `<|im_end|>`,
+ChatML, Llama 3's `<|eot_id|>`) is one. A requested stop id that is not end-of-generation in the
+GGUF is found in the returned ids and the generation cut after it (kept, finish `stop`): correct,
+but the server went on generating until n_predict or an EOG (`stop` strings would stop it, but the
+server then drops the stop word's logprobs, `server-context.cpp:2113-2120`).
 
 Routing and abort: RemoteEngine's sticky replica; within a server, a request without `id_slot` goes
 to the idle slot whose cached prompt shares the most with it (`--slot-prompt-similarity`), which is
-the episode's own slot while it has one. Closing the connection cancels the task (the HTTP layer
-checks `is_connection_closed`). Health: `GET /health` (200 ok, 503 while the model loads); doctor
-also reads `GET /props` (slots, context per slot, model).
+the episode's own slot while it has one (`slot_prompt_similarity`, `server-context.cpp:1188`), and
+an idle slot's state is kept in the host-memory prompt cache (`--cache-ram`) for its next turn.
+Closing the connection cancels the task (the HTTP layer checks `is_connection_closed`,
+`server-http.cpp:685`). Health: `GET /health` (200 ok, 503 while the model loads); doctor also reads
+`GET /props` (slots, context per slot, model).
 """
 
 from __future__ import annotations
