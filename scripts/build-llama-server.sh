@@ -80,17 +80,21 @@ if [[ -x "$BIN" ]]; then
   exit 0
 fi
 
+# The work folder survives a failed or interrupted build, so the next run resumes it (ninja only
+# compiles what is missing); it is removed once the binary is installed.
 WORK="$ROOT/.work-$KEY"
-rm -rf "$WORK"
-mkdir -p "$WORK"
-trap 'rm -rf "$WORK"' EXIT
-start=$(date +%s)
-
-echo "build-llama-server: downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist" >&2
-"$PY" -m pip --disable-pip-version-check -q download --no-deps --no-binary :all: \
-  "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$WORK" >&2
-tar -xzf "$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$WORK"
 SRC="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+start=$(date +%s)
+if [[ ! -f "$WORK/.extracted" ]]; then
+  rm -rf "$WORK"
+  mkdir -p "$WORK"
+  echo "build-llama-server: downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist" >&2
+  "$PY" -m pip --disable-pip-version-check -q download --no-deps --no-binary :all: \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$WORK" >&2
+  tar -xzf "$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$WORK"
+  rm -f "$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  touch "$WORK/.extracted"
+fi
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
@@ -111,5 +115,6 @@ cp "$WORK/build/bin/llama-server" "$DEST/.llama-server.tmp"
 cp "$SRC/LICENSE" "$DEST/LICENSE"
 mv -f "$DEST/.llama-server.tmp" "$BIN"
 link_current
+rm -rf "$WORK"
 echo "build-llama-server: built in $(($(date +%s) - start)) s" >&2
 echo "$BIN"
