@@ -120,6 +120,7 @@ class LlamaServer:
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args or [])
         self.log_path = log_path
+        self._own_log = log_path is None
         self.spin = spin
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -208,7 +209,8 @@ class LlamaServer:
             self.process.kill()
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after `grace_s`; always reaps the process."""
+        """SIGTERM, then SIGKILL after `grace_s`; always reaps the process. A log file this object
+        created is removed (a failed start has put its tail in the error already)."""
         process, self.process = self.process, None
         if process is None:
             return
@@ -219,6 +221,9 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 process.kill()
         await asyncio.to_thread(process.wait)
+        if self._own_log and self.log_path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
 
     async def __aenter__(self) -> LlamaServer:
         return await self.start()
