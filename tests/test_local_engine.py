@@ -339,3 +339,19 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
     assert {"c", "d"} == {k for k in ("a", "b", "c", "d") if store.match(k, list(range(20)))}
     store.put("e", entry(30))  # larger than the whole budget: not kept, nothing evicted for it
     assert len(store) == 2 and store.nbytes == entry(10).nbytes * 2
+
+
+async def test_model_config_sets_the_prefix_budget(monkeypatch):
+    """Wiring only (the engine's own behaviour is tested above): `model.prefix_cache_bytes` reaches it."""
+    from uniagent.models.config import ModelConfig
+    from uniagent.models.local import KIND
+
+    seen = {}
+
+    async def create(model=None, **options):
+        seen.update(options)
+
+    monkeypatch.setattr(LocalEngine, "create", create)
+    await KIND.build("", ModelConfig(prefix_cache_bytes=12345))
+    assert seen["prefix_cache_bytes"] == 12345
+    assert ModelConfig().prefix_cache_bytes == 2 * 1024**3

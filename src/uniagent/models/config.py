@@ -40,6 +40,9 @@ class ModelConfig(BaseModel):
     )
     replay_delay_s: float = Field(0.0, ge=0, description="replay: seconds per generation (simulated latency)")
     max_batch_size: int = Field(16, ge=1, description="local engine: rows decoded together")
+    prefix_cache_bytes: int = Field(
+        2 * 1024**3, ge=0, description="local engine: keys/values kept between an episode's turns (0: off)"
+    )
     device: str = "cpu"
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
     timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")

@@ -665,7 +665,12 @@ async def doctor_check(spec: str | None = None, generate: bool = True) -> list[t
 
 
 async def _build(arg: str, config: ModelConfig) -> LocalEngine:
-    return await LocalEngine.create(arg or None, max_batch_size=config.max_batch_size, device=config.device)
+    return await LocalEngine.create(
+        arg or None,
+        max_batch_size=config.max_batch_size,
+        device=config.device,
+        prefix_cache_bytes=config.prefix_cache_bytes,
+    )
 
 
 async def _doctor(arg: str, config: ModelConfig, quick: bool) -> list[tuple[str, bool | None, str]]:
