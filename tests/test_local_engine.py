@@ -355,3 +355,17 @@ async def test_model_config_sets_the_prefix_budget(monkeypatch):
     await KIND.build("", ModelConfig(prefix_cache_bytes=12345))
     assert seen["prefix_cache_bytes"] == 12345
     assert ModelConfig().prefix_cache_bytes == 2 * 1024**3
+
+
+def test_dequantized_gguf_is_kept_and_loads_the_same_weights(smol_engine, smol_source):
+    """The engine's load de-quantized the GGUF once and kept it; a second load reads the copy."""
+    from uniagent.models.loading import dequantized_dir, load_causal_lm
+
+    cached = dequantized_dir(smol_source, "float32")
+    assert cached is not None and (cached / "model.safetensors").is_file()
+    started = time.perf_counter()
+    model = load_causal_lm(smol_source)
+    assert time.perf_counter() - started < 10  # de-quantizing the GGUF takes ~25 s on 2 cores
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, smol_engine.model(ids).logits)
