@@ -13,6 +13,7 @@ APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake n
 .PHONY: setup demo test lint bench system-deps clean llama-server
 
 setup: $(DEPS_STAMP)
+	@$(PY) -m uniagent.models.loading
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

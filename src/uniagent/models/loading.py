@@ -139,3 +139,18 @@ def _keep_dequantized(model: Any, target: Path) -> None:
                 os.rename(tmp, target)  # another process may have won the race: keep theirs
     except OSError as exc:
         log.warning("could not keep the de-quantized model under %s: %s", target, exc)
+
+
+def warm_default_model() -> str:
+    """Fill the de-quantized copy of the packaged model once (what `make setup` runs), so that the
+    first `make demo` or test run on a fresh machine does not pay the GGUF reader."""
+    source = smollm2_source()
+    cached = dequantized_dir(source, "float32")
+    if cached is None or (cached / "config.json").is_file():
+        return f"de-quantized SmolLM2: {cached or 'cache off'}"
+    load_causal_lm(source)
+    return f"de-quantized SmolLM2 kept at {cached}"
+
+
+if __name__ == "__main__":
+    print(warm_default_model())
