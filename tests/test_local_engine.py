@@ -302,13 +302,13 @@ async def test_prefix_budget_zero_turns_reuse_off(smol_engine, prompts):
 async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, prompts, monkeypatch):
     """Tiny spare/chunk sizes make every few decode steps regrow the buffers, joins included."""
     import uniagent.models.kv as kv
-    import uniagent.models.local as local
+    import uniagent.models.local_batch as local_batch
 
     chosen = prompts[:3]
     alone = [
         await smol_engine.generate(p, greedy(8, stop=[]), f"solo-grow-{i}") for i, p in enumerate(chosen)
     ]
-    monkeypatch.setattr(local, "_SPARE", 1)
+    monkeypatch.setattr(local_batch, "_SPARE", 1)
     monkeypatch.setattr(kv, "_CHUNK", 1)
 
     async def late(i: int, prompt: list[int]) -> Generation:

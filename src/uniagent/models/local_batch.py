@@ -1,0 +1,374 @@
+"""The batch mechanics of `LocalEngine`: prefill, decode, sampling, merge, compaction, prefix keeping.
+
+`LocalEngine` (models/local.py) queues requests and admits them; a `BatchRunner` it owns runs the
+admitted rows on the model, only ever from the engine's worker thread. Why it is built this way:
+
+- Batching is iteration-level: between two decode steps the worker admits waiting requests. They are
+  prefilled together (left-padded), then their cache is merged into the running batch by padding the
+  shorter cache on the left with masked slots. Rotary positions are per row (the count of real tokens),
+  and keys carry their rotation, so padding changes a row's numbers only by float noise.
+- Keys and values live in a preallocated `SlotCache` written in place, and grouped kv heads are never
+  repeated (`models/kv.py` says why: at long contexts both copies cost more than the attention itself).
+- Prefix reuse: when a request finishes, its row's keys/values and the exact ids they cover are kept
+  under its (sticky, per-episode) request id in a `PrefixStore` with a byte budget; the next request
+  with that id prefills only the tokens after the longest common prefix. A turn of an agent episode
+  then costs its new tokens, not its whole history.
+- The logprob of a token is the raw model log-softmax (temperature 1, before top-k/top-p) in fp32:
+  that is what a trainer recomputes with one teacher-forced pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from uniagent.errors import EngineError
+from uniagent.models.base import FinishReason, Generation, SamplingParams
+from uniagent.models.kv import Dims, Prefix, PrefixStore, SlotCache, supports_slots
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+_PAD_ID = 0  # any valid id: padded slots are masked out and never read back
+_SPARE = 256  # decode columns reserved past a prefill or merge; the cache grows by chunks after that
+
+
+@dataclass
+class EngineStats:
+    """Counters a caller (or a test) can read to see how work was batched.
+
+    `prefill_batches` counts groups of requests admitted together (one prefill forward each);
+    with iteration-level joining a group joins the running batch instead of waiting for it.
+    `prefill_tokens` counts prompt tokens actually run; `prefix_hits` requests that reused a kept
+    prefix and `prefix_reused_tokens` the prompt tokens they did not run again.
+    """
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    prefill_batches: int = 0
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    max_rows: int = 0
+    prefill_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_reused_tokens: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    request_id: str
+    stop_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    # Set on the event-loop thread when the awaiting coroutine is cancelled; the worker only reads it.
+    cancelled: bool = False
+    # Called on the request's event loop with (token_id, logprob) as each token is sampled (streaming).
+    on_token: Callable[[int, float], None] | None = None
+    # Set by the worker at admission: the kept prefix this request took over and how much of it it reuses.
+    prefix: Prefix | None = None
+    reused: int = 0
+
+    @property
+    def budget(self) -> int:
+        """Worst-case tokens this request holds in the cache; what admission control adds up."""
+        return len(self.prompt_ids) + self.sampling.max_tokens
+
+
+@dataclass(eq=False)
+class _Row:
+    request: Request
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+
+@dataclass(eq=False)
+class Batch:
+    """Rows decoded together and their shared cache. `mask` ([rows, cache_len], real slots) is kept here
+    only for a `DynamicCache` (models `SlotCache` cannot serve); a `SlotCache` holds its own."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor | None = None
+
+    @property
+    def budget(self) -> int:
+        return sum(row.request.budget for row in self.rows)
+
+
+class BatchRunner:
+    """Runs admitted requests on one model, one step at a time, and settles them as they finish.
+
+    `forward` is how the model is called (the engine's `_forward`, which tests replace to inject
+    failures); `stats` and `prefixes` are the engine's own, updated in place. `max_model_len` ends a
+    row at the model's context. Models with sliding-window layers (`slots` False) keep the plain
+    transformers cache: no prefix reuse, and a running batch does not take in new requests.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        forward: Callable[..., Any],
+        stats: EngineStats,
+        prefixes: PrefixStore,
+        max_model_len: int | None,
+    ) -> None:
+        self.model = model
+        self.slots = supports_slots(model)
+        self.dims = Dims.of(model) if self.slots else None
+        self.device = next(model.parameters()).device
+        self.max_model_len = max_model_len
+        self._forward = forward
+        self._stats = stats
+        self._prefixes = prefixes
+
+    def step(self, batch: Batch | None, admitted: list[Request]) -> Batch | None:
+        """Admit new requests, then run one decode step. An error fails the rows it touched only."""
+        if admitted:
+            try:
+                joined = self._prefill(admitted)
+            except Exception as exc:  # the running batch is untouched: only the newcomers fail
+                self._fail_rows([], exc, extra=admitted)
+            else:
+                if batch is None:
+                    batch = joined
+                else:
+                    try:
+                        batch = self._merge(batch, joined)
+                    except Exception as exc:  # the cache may be half-merged: nothing in it is trustworthy
+                        self._fail_rows(batch.rows + joined.rows, exc)
+                        return None
+        if batch is None:
+            return None
+        batch = self._compact(batch)
+        if batch is None:
+            return None
+        try:
+            self._decode(batch)
+        except Exception as exc:
+            self._fail_rows(batch.rows, exc)
+            return None
+        return self._compact(batch)
+
+    def _prefill(self, requests: list[Request]) -> Batch:
+        """Run the prompts' new tokens (after any reused prefix) together, in one forward pass.
+
+        Layout of the cache: reused prefixes end at column `past` (right-aligned), new tokens fill the
+        `width` columns after it (right-aligned, left-padded); columns a row does not use are masked.
+        """
+        past = max(r.reused for r in requests)
+        width = max(len(r.prompt_ids) - r.reused for r in requests)
+        ids, new, positions = [], [], []
+        for r in requests:
+            n, pad = len(r.prompt_ids) - r.reused, width - len(r.prompt_ids) + r.reused
+            ids.append([_PAD_ID] * pad + r.prompt_ids[r.reused :])
+            new.append([0] * pad + [1] * n)
+            positions.append([0] * pad + list(range(r.reused, len(r.prompt_ids))))
+        new_mask = torch.tensor(new, dtype=torch.bool, device=self.device)
+        if self.slots:
+            assert self.dims is not None
+            spare = min(max(r.sampling.max_tokens for r in requests), _SPARE) + 1
+            cache = SlotCache(self.dims, len(requests), past + width + spare)
+            cache.advance(past)
+            for i, r in enumerate(requests):
+                if r.prefix is not None and r.reused:
+                    keys = [k[:, : r.reused] for k in r.prefix.keys]
+                    values = [v[:, : r.reused] for v in r.prefix.values]
+                    cache.place(i, keys, values, end=past)
+                r.prefix = None  # placed (or not reusable): the store's copy is no longer needed
+            mask = cache.attention_mask(new_mask)
+        else:
+            from transformers import DynamicCache
+
+            cache, mask = DynamicCache(config=self.model.config), new_mask
+        out = self._forward(
+            input_ids=torch.tensor(ids, device=self.device),
+            attention_mask=mask,
+            position_ids=torch.tensor(positions, device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._stats.prefill_batches += 1
+        self._stats.prefill_tokens += sum(new_row.count(1) for new_row in new)
+        hits = [r for r in requests if r.reused]
+        self._stats.prefix_hits += len(hits)
+        self._stats.prefix_reused_tokens += sum(r.reused for r in hits)
+        rows = [_Row(request=r, generator=self._generator(r.sampling)) for r in requests]
+        self._accept(rows, out.logits[:, -1, :])
+        if self.slots:
+            cache.advance(width)
+            return Batch(rows=rows, cache=cache)
+        return Batch(rows=rows, cache=out.past_key_values, mask=new_mask.long())
+
+    def _decode(self, batch: Batch) -> None:
+        n = len(batch.rows)
+        ids = torch.tensor([[row.token_ids[-1]] for row in batch.rows], device=self.device)
+        positions = torch.tensor(
+            [[len(row.request.prompt_ids) + len(row.token_ids) - 1] for row in batch.rows], device=self.device
+        )
+        if self.slots:
+            mask = batch.cache.attention_mask(torch.ones((n, 1), dtype=torch.bool, device=self.device))
+        else:
+            assert batch.mask is not None
+            batch.mask = mask = torch.cat([batch.mask, batch.mask.new_ones((n, 1))], dim=1)
+        out = self._forward(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        if self.slots:
+            batch.cache.advance(1)
+        else:
+            batch.cache = out.past_key_values
+        self._stats.decode_steps += 1
+        self._stats.max_rows = max(self._stats.max_rows, n)
+        self._accept(batch.rows, out.logits[:, -1, :])
+
+    def _accept(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Pick each row's next token, record it with its raw logprob, and settle finished rows."""
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logits.argmax(dim=-1).tolist()
+        for i, row in enumerate(rows):
+            if row.request.sampling.temperature > 0:
+                chosen[i] = _sample(logits[i], row.request.sampling, row.generator)
+        picked = logprobs.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).squeeze(1).tolist()
+        for row, token, logprob in zip(rows, chosen, picked, strict=True):
+            row.token_ids.append(token)
+            row.logprobs.append(logprob)
+            self._stats.generated_tokens += 1
+            if row.request.on_token is not None:
+                _emit(row.request, token, logprob)
+            row.finish = self._finish_reason(row, token)
+            if row.finish is not None:
+                self._stats.completed += 1
+                settle(row.request, Generation(row.token_ids, row.logprobs, row.finish))
+
+    def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
+        if token in row.request.stop_ids:
+            return "stop"
+        if len(row.token_ids) >= row.request.sampling.max_tokens:
+            return "length"
+        if (
+            self.max_model_len is not None
+            and len(row.request.prompt_ids) + len(row.token_ids) >= self.max_model_len
+        ):
+            return "length"
+        return None
+
+    def _generator(self, sampling: SamplingParams) -> torch.Generator | None:
+        if sampling.temperature == 0:
+            return None
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))
+        return generator
+
+    def _merge(self, batch: Batch, joined: Batch) -> Batch:
+        """Stack two batches (one copy of both caches, right-aligned: see `SlotCache.merge`)."""
+        spare = min(max(row.request.sampling.max_tokens for row in batch.rows + joined.rows), _SPARE) + 1
+        return Batch(rows=batch.rows + joined.rows, cache=SlotCache.merge(batch.cache, joined.cache, spare))
+
+    def _compact(self, batch: Batch) -> Batch | None:
+        """Keep finished rows' prefixes, then drop finished and cancelled rows (and columns nobody uses)."""
+        keep = [i for i, row in enumerate(batch.rows) if row.finish is None and not row.request.cancelled]
+        self._stats.cancelled += sum(1 for row in batch.rows if row.finish is None and row.request.cancelled)
+        if len(keep) == len(batch.rows):
+            return batch
+        if self._prefixes.budget_bytes:
+            for i, row in enumerate(batch.rows):
+                if row.finish is not None:
+                    self._keep_prefix(batch.cache, i, row)
+        if not keep:
+            return None
+        if self.slots:
+            batch.cache.select(keep)
+        else:
+            assert batch.mask is not None
+            index = torch.tensor(keep, device=self.device)
+            batch.cache.batch_select_indices(index)
+            batch.mask = batch.mask[index]
+        batch.rows = [batch.rows[i] for i in keep]
+        return batch
+
+    def _keep_prefix(self, cache: SlotCache, index: int, row: _Row) -> None:
+        """Store what row `index` has in the cache: its prompt and every generated token but the last
+        (sampled, never run). The count of real slots must match the ids, or nothing is stored."""
+        ids = row.request.prompt_ids + row.token_ids[:-1]
+        keys, values = cache.row_kv(index)
+        if keys[0].shape[1] != len(ids):
+            log.warning("LocalEngine: %s slots for %s ids; prefix not kept", keys[0].shape[1], len(ids))
+            return
+        self._prefixes.put(row.request.request_id, Prefix(ids=ids, keys=keys, values=values))
+
+    def _fail_rows(self, rows: list[_Row], exc: Exception, extra: Iterable[Request] = ()) -> None:
+        log.warning("LocalEngine step failed: %r", exc)
+        requests = [row.request for row in rows if row.finish is None] + list(extra)
+        for request in requests:
+            self._stats.failed += 1
+            error = EngineError(
+                f"LocalEngine failed while generating request {request.request_id!r}: {exc!r}"
+            )
+            error.__cause__ = exc
+            settle(request, error)
+
+
+def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
+    """Temperature, then top-k, then top-p (nucleus), then one draw from the row's own generator."""
+    scores = logits / sampling.temperature
+    if 0 < sampling.top_k < scores.numel():
+        kth = torch.topk(scores, sampling.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ordered, order = scores.sort(descending=True)
+        probs = ordered.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
+        drop = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
+        ordered = ordered.masked_fill(drop, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(0, order, ordered)
+    probs = scores.softmax(dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _emit(request: Request, token: int, logprob: float) -> None:
+    """Stream one token to the request's event loop (queued before its settle, so it arrives first)."""
+    callback = request.on_token
+    assert callback is not None
+
+    def emit() -> None:
+        if not request.future.done():
+            callback(token, logprob)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+        request.loop.call_soon_threadsafe(emit)
+
+
+def settle(request: Request, outcome: Generation | BaseException) -> None:
+    """Hand a result to the request's event loop; the worker must never touch the future directly."""
+
+    def resolve() -> None:
+        if request.future.done():  # cancelled by the caller meanwhile
+            return
+        if isinstance(outcome, BaseException):
+            request.future.set_exception(outcome)
+        else:
+            request.future.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
+        request.loop.call_soon_threadsafe(resolve)
