@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError, EngineError, UniAgentError
 from uniagent.models.base import SamplingParams
@@ -34,14 +34,20 @@ def parse_urls(arg: str, kind: str) -> list[str]:
     return urls
 
 
+def engine_options(config: ModelConfig) -> dict[str, Any]:
+    """The keyword arguments every remote engine takes from a model config (`model.remote`,
+    `model.timeout_s`, `model.max_retries`)."""
+    return {
+        "config": getattr(config, "remote", None) or RemoteConfig(),
+        "timeout_s": config.timeout_s,
+        "retries": config.max_retries,
+    }
+
+
 def build_engine(dialect_cls: type[Dialect], arg: str, config: ModelConfig) -> RemoteEngine:
-    """Spec URLs + model config -> `RemoteEngine` (`model.timeout_s`, `model.max_retries`, `model.remote`)."""
+    """Spec URLs + model config -> `RemoteEngine`."""
     return RemoteEngine(
-        parse_urls(arg, dialect_cls.name),
-        dialect_cls.from_config(config),
-        getattr(config, "remote", None) or RemoteConfig(),
-        timeout_s=config.timeout_s,
-        retries=config.max_retries,
+        parse_urls(arg, dialect_cls.name), dialect_cls.from_config(config), **engine_options(config)
     )
 
 

@@ -63,7 +63,7 @@ from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.registry import EngineKind
 from uniagent.models.remote.base import Dialect, RemoteEngine, generation
 from uniagent.models.remote.config import RemoteConfig
-from uniagent.models.remote.kind import doctor_rows, parse_urls
+from uniagent.models.remote.kind import doctor_rows, engine_options, parse_urls
 
 if TYPE_CHECKING:
     from uniagent.models.config import ModelConfig
@@ -198,12 +198,7 @@ def build_llamacpp_engine(urls: Sequence[str], config: ModelConfig | None = None
     """An engine over llama-server replicas (`model.timeout_s`, `model.max_retries`, `model.remote`)."""
     if config is None:
         return LlamaCppEngine(list(urls))
-    return LlamaCppEngine(
-        list(urls),
-        getattr(config, "remote", None) or RemoteConfig(),
-        timeout_s=config.timeout_s,
-        retries=config.max_retries,
-    )
+    return LlamaCppEngine(list(urls), **engine_options(config))
 
 
 async def _build(arg: str, config: ModelConfig) -> LlamaCppEngine:
