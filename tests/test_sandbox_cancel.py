@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from conftest import needs_bwrap
 from uniagent import sandbox
@@ -158,3 +163,90 @@ async def test_cancelled_host_start_ends_promptly_and_leaks_no_shell(tmp_path: P
         await asyncio.sleep(0.02)
     left = [p for p in set(procs.children(os.getpid())) - before if procs.alive(p)]
     assert not left, f"shells left behind: {[procs.cmdline(p)[-1:] for p in left]}"
+
+
+NO_CGROUP = {"limits": {"memory_mb": None, "pids": None}}
+"""No per-sandbox cgroup: its kill-all on stop used to hide a bwrap child left behind."""
+
+
+async def test_cancelled_start_without_cgroup_leaks_nothing(tmp_path: Path) -> None:
+    # bwrap's sandbox child waits on an eventfd until bwrap has set it up: a bwrap killed in
+    # that window (a cancelled start) left the child blocked forever, reparented to init.
+    for i in range(24):
+        ws = tmp_path / f"ws-nocg-{i}"
+        sb = sandbox.create({"workspace": str(ws), "start_retries": 0, **NO_CGROUP})
+        start = asyncio.ensure_future(sb.start())
+        await asyncio.sleep(0.0015 * i)
+        start.cancel()
+        done, _ = await asyncio.wait({start}, timeout=CANCEL_BOUND_S)
+        assert start in done, f"cancelling the start after {0.0015 * i:.4f}s hung"
+        if not start.cancelled():
+            start.result()
+            await sb.stop()
+        await _assert_no_process(str(ws))
+
+
+_CONTROLLER = """
+import asyncio, sys
+from uniagent import sandbox
+
+async def main():
+    cfg = {"workspace": sys.argv[1], "start_retries": 0, "limits": {"memory_mb": None, "pids": None}}
+    await sandbox.create(cfg).start()
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def _sandbox_child_in_setup(controller: subprocess.Popen[bytes], ws: str) -> int | None:
+    """bwrap's sandbox child, frozen (SIGSTOP) while it builds the sandbox: once its mounts show
+    the workspace, before it has started its command (and armed its parent-death signal)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and controller.poll() is None:
+        for bwrap in procs.children(controller.pid):
+            for child in procs.children(bwrap):
+                try:
+                    mounts = Path(f"/proc/{child}/mountinfo").read_text()
+                except OSError:
+                    continue
+                if ws in mounts:
+                    os.kill(child, signal.SIGSTOP)
+                    time.sleep(0.05)
+                    if procs.children(child):  # too late: its command already runs
+                        os.kill(child, signal.SIGCONT)
+                        return None
+                    return child
+    return None
+
+
+def test_controller_killed_mid_start_leaves_no_sandbox(tmp_path: Path) -> None:
+    # What the kill -9 + --resume test did to one sandbox per CI run: the controller died while
+    # bwrap's child was building the sandbox, bwrap died with it, and the child went on to run
+    # its command (then `sleep infinity`) forever, reparented to init. Frozen in that window
+    # here, so the test does not depend on luck.
+    for attempt in range(6):
+        ws = str(tmp_path / f"ws-kill9-{attempt}")
+        controller = subprocess.Popen([sys.executable, "-c", _CONTROLLER, ws])
+        try:
+            child = _sandbox_child_in_setup(controller, ws)
+        finally:
+            controller.kill()
+            controller.wait(30)
+        if child is None:
+            _kill_all_with_arg(ws)
+            continue
+        time.sleep(0.2)  # bwrap dies by its parent-death signal
+        os.kill(child, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while _pids_with_arg(ws) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _pids_with_arg(ws)
+        _kill_all_with_arg(ws)
+        assert not left, f"the sandbox outlived its controller: {[procs.cmdline(p)[-2:] for p in left]}"
+        return
+    pytest.fail("never caught bwrap's child while it built the sandbox (6 attempts)")
+
+
+def _kill_all_with_arg(arg: str) -> None:
+    procs.signal_pids(_pids_with_arg(arg), signal.SIGKILL)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import signal
 from pathlib import Path
 
 
@@ -76,11 +77,7 @@ def signal_descendants(pid: int, sig: int) -> int:
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return state(pid) not in ("Z", "X", None)
 
 
 def tree_signal_script(pid: int, sig: int) -> str:
@@ -110,7 +107,7 @@ async def spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([task])
         if not task.cancelled() and task.exception() is None:
-            await kill_process(task.result())
+            await kill_process_tree(task.result())
         raise
 
 
@@ -133,6 +130,33 @@ async def kill_process(proc: asyncio.subprocess.Process, wait_s: float = 5.0) ->
         await asyncio.wait_for(proc.wait(), wait_s)
     with contextlib.suppress(Exception):
         transport.close()  # type: ignore[union-attr]
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, D, T, Z, ...), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+async def kill_process_tree(proc: asyncio.subprocess.Process, wait_s: float = 5.0) -> None:
+    """`kill_process`, after SIGKILLing every descendant of `proc` first.
+
+    Killing only the child is not enough when its children do not die with it. bwrap is the
+    case in point: its sandbox child waits on an eventfd until bwrap has set it up, and arms
+    its parent-death signal only once the sandbox is built, so a bwrap killed in between
+    leaves that child (and what it starts) running forever, reparented to the host's init.
+    `proc` is stopped first (SIGSTOP) so it cannot fork between the listing and the kill.
+    """
+    if proc.returncode is None:
+        signal_pids([proc.pid], signal.SIGSTOP)
+        for _ in range(500):  # a signal lands when the process next runs: ~at once, 1 s at most
+            if state(proc.pid) in ("T", "t", "Z", "X", None):
+                break
+            await asyncio.sleep(0.002)
+        signal_pids(descendants(proc.pid), signal.SIGKILL)
+    await kill_process(proc, wait_s)
 
 
 def quote(s: str) -> str:
