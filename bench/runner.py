@@ -1,0 +1,621 @@
+"""`uniagent run` at concurrency 1, 100 and 1,000 on scripted 10-turn SWE episodes, measured from outside.
+
+Workload (issue 14's table): the 18 `builtin:starter` tasks x `samples` (1 at concurrency 1, 6 at 100,
+56 at 1,000: 18, 108 and 1,008 episodes). Each episode is scripted (the model's turns are written with
+the project's own API, `ReplayRecord` + `save_records`, as SmolLM2 token ids from the real `ChatCodec`):
+8 exploration commands through the `bash` tool (ls, cat, grep, git status, git log -1, find, head,
+python -c), the task's gold patch applied with `git apply` through `bash`, then `submit`. The engine is
+the real `ReplayEngine` with `model.replay_delay_s` (default 1 s) per turn; sandboxes are real bubblewrap
+`local` sandboxes, the verifier is the real SWE verifier (tests run in the sandbox, graded by swebench's
+parser), the store is the real run store. Every episode must end resolved.
+
+The runner runs in a child process (bench/runner_child.py: `build_config` + `Runner.run()`, what
+`uniagent run` calls, plus in-process probes), so this process measures it from outside and a kill -9
+is real. Figures per level, one JSON object per line on stdout (logs on stderr):
+
+* ``wall_s`` (process start to exit), ``episodes_per_min`` (over that wall; also
+  ``episodes_per_min_after_startup``) and ``vs_baseline`` (: the issue's table, 61.6 at 100 / 44.1 at
+  1,000 episodes/min on main at commit 74b8174; goal at 1,000: >= 130); ``turns_per_s`` (model turns);
+* ``framework_cpu_ms_per_step``: the runner process's own CPU (getrusage, all its threads) from its
+  first episode on (``startup_s`` apart: imports, tokenizer, codec, preflight) minus the CPU of the
+  verifier's in-process log parse, per model turn. Sandbox commands and the verifier's test
+  runs are other processes (bwrap and its children), so they are excluded by construction;
+* ``cpu_util``: machine-wide busy fraction of all cores from /proc/stat over the run (with user/sys
+  seconds): the machine may be shared, so run it on an idle one;
+* ``peak_rss_mb`` of the runner process (its ru_maxrss) and of its whole process tree (sampled with
+  psutil every `--sample-s` seconds);
+* ``open_fds_at_end`` of the runner (after its run returned) and ``leftovers``: descendants still
+  alive after it exited, `uniagent-*` cgroups and /tmp entries that were not there before;
+* ``loop_lag_ms`` p50/p99 (a coroutine in the runner that sleeps 50 ms and records how late it wakes);
+* ``exits`` (failures by exit reason), ``resolved``, and ``episode_median_s``: per-episode medians of
+  setup / sandbox start / tools / model / verifier / episode from the store's timings.
+
+Peer, same run (``--no-peer`` to skip, ``--peer-only`` for it alone): the same episodes through
+mini-swe-agent's own `DefaultAgent` (its batch runner's `ProgressTrackingAgent`), `LocalEnvironment`
+and `DeterministicToolcallModel` (sleeping the same latency per query), in a thread pool of
+`concurrency` workers as its swebench batch runner does (bench/runner_peer.py). What differs: the
+peer has no isolation (commands run on the host, in a temp copy of the repository with a fresh git
+commit), no persistent shell (a process per command), no store (its trajectory JSON and preds.json
+files), and no verifier of its own: its submissions are graded afterwards with uniagent's verifier
+in local sandboxes (``peer_verify_wall_s``), and ``peer_vs_uniagent`` is given with and without it.
+
+``--kill-resume``: run the 1,000 level (or ``--levels``' first), `kill -9` the runner once a seeded
+random fraction of the episodes is stored, check that no bwrap survived it, rerun with `--resume`,
+and check from the store and its export that every (instance, sample) pair is stored exactly once
+and resolved: ``kill_resume`` {killed_at_s, stored_before_kill, stored_after_resume, duplicates,
+missing, unresolved, survivors}.
+
+    .venv/bin/python bench/runner.py --levels 1,20           # development: about 2 minutes
+    .venv/bin/python bench/runner.py                         # 1, 100, 1,000 + peer: run on an idle machine
+    .venv/bin/python bench/runner.py --kill-resume --no-peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from uniagent.models.base import Generation
+from uniagent.models.replay import ReplayRecord, save_records
+from uniagent.parsers import get_parser
+from uniagent.parsers.base import ToolCall
+from uniagent.tasks import load_tasks
+from uniagent.tasks.base import Task
+from uniagent.tasks.swe import patch_files
+from uniagent.tokens import ChatCodec
+
+BENCH = "runner"
+HERE = Path(__file__).resolve().parent
+TASKS = "builtin:starter"
+BASELINE_EP_PER_MIN = {100: 61.6, 1000: 44.1}  # issue 14's table, main at 74b8174
+GOAL_EP_PER_MIN_1000 = 130.0
+MAX_TURNS = 12  # 10 scripted turns; the rest is slack that an unexpected extra turn would show
+UNITS = {"s": "s", "ms": "ms", "mb": "MB", "min": "episodes/min", "step": "ms/turn", "util": "fraction"}
+log = logging.getLogger("bench.runner")
+
+
+def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
+    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+# -- the workload ---------------------------------------------------------------------------------
+def exploration_commands(task: Task) -> list[str]:
+    """Eight commands an agent typically runs before editing: look around the repository."""
+    target = patch_files(task.row["patch"])[0]
+    package = target.split("/")[0]
+    return [
+        "ls -la",
+        f"cat {target}",
+        f"grep -rn 'def ' {package} | head -n 40",
+        "git status",
+        "git log -1",
+        "find . -name '*.py' -not -path './.git/*' | sort",
+        f"head -n 30 {package}/__init__.py",
+        f"python -c 'import {package}; print({package}.__name__, len(dir({package})))'",
+    ]
+
+
+def apply_command(task: Task) -> str:
+    """The gold patch applied with bash, as a model would write it (heredoc into git apply)."""
+    return f"git apply <<'UA_EOF'\n{task.row['patch']}UA_EOF\necho applied"
+
+
+def episode_commands(task: Task) -> list[str]:
+    """The nine shell commands of an episode; the tenth turn submits."""
+    return [*exploration_commands(task), apply_command(task)]
+
+
+def script_turns(task: Task, parser: str = "hermes") -> list[str]:
+    """The ten model turns of one episode, as text in the model's tool-call format."""
+    render = get_parser(parser).render_call
+    calls = [ToolCall("bash", {"command": c}) for c in episode_commands(task)]
+    return [render(c) for c in [*calls, ToolCall("submit", {})]]
+
+
+def load_codec() -> ChatCodec:
+    """The codec `ModelFactory` builds for a replay model (the packaged SmolLM2 tokenizer)."""
+    from uniagent.models.loading import load_tokenizer, resolve_model
+
+    return ChatCodec(load_tokenizer(resolve_model(None)))
+
+
+def write_script(path: Path, codec: ChatCodec, tasks: list[Task], samples: int) -> Path:
+    """The replay file: per `INSTANCE#SAMPLE` request id, ten generations in turn order. Prompts
+    are not recorded (observations hold timestamps), so the engine replays by request id and turn."""
+    records = []
+    for task in tasks:
+        turns = [codec.encode(t) + codec.eot_ids for t in script_turns(task)]
+        for s in range(samples):
+            for turn, ids in enumerate(turns):
+                gen = Generation(list(ids), [-0.1] * len(ids), "stop")
+                records.append(ReplayRecord(f"{task.instance_id}#{s}", gen, turn, None, "0" * 64))
+    save_records(records, path, include_prompts=False)
+    return path
+
+
+def samples_for(level: int, n_tasks: int) -> int:
+    """Enough samples per task that `level` episodes can run at once (6 at 100, 56 at 1,000)."""
+    return max(1, math.ceil(level / n_tasks))
+
+
+# -- measuring a child from outside ---------------------------------------------------------------
+def cpu_times() -> tuple[float, float, float, float]:
+    """Machine-wide (user, system, busy, total) seconds summed over cores, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait = fields[:5]
+    total = sum(fields[:8])  # guest time is already in user
+    busy = total - idle - iowait
+    return (user + nice) / tick, system / tick, busy / tick, total / tick
+
+
+def cgroups_snapshot() -> set[str]:
+    """cgroups named uniagent-* (machine-wide: on a shared machine another run's show up too)."""
+    cgroups: set[str] = set()
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if root.count("/") > 7:
+            dirs[:] = []
+            continue
+        cgroups.update(os.path.join(root, d) for d in dirs if d.startswith("uniagent-"))
+    return cgroups
+
+
+class TreeMonitor(threading.Thread):
+    """Samples a process tree: peak RSS of the root and of the whole tree, every pid seen (with its
+    start time, so a reused pid is not mistaken for a survivor)."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peak_root = 0
+        self.peak_tree = 0
+        self.peak_procs = 0
+        self.seen: dict[int, tuple[float, str]] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def sample(self) -> None:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return
+        tree = 0
+        for p in procs:
+            try:
+                rss = p.memory_info().rss
+                if p.pid not in self.seen:
+                    self.seen[p.pid] = (p.create_time(), p.name())
+            except psutil.Error:
+                continue
+            tree += rss
+            if p.pid == self.root.pid:
+                self.peak_root = max(self.peak_root, rss)
+        self.peak_tree = max(self.peak_tree, tree)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def survivors(self) -> list[str]:
+        """Processes of the tree (not its root) still alive: `name(pid)` each."""
+        alive = []
+        for pid, (created, name) in self.seen.items():
+            if pid == self.root.pid:
+                continue
+            try:
+                if psutil.Process(pid).create_time() == created:
+                    alive.append(f"{name}({pid})")
+            except psutil.Error:
+                continue
+        return alive
+
+
+def child_spec(out: Path, script: Path, level: int, samples: int, args: argparse.Namespace) -> Path:
+    spec = {
+        "flags": {
+            "tasks.spec": TASKS,
+            "tasks.limit": args.tasks,
+            "model.spec": f"replay:{script}",
+            "model.replay_delay_s": args.delay,
+            "runner.concurrency": level,
+            "runner.samples": samples,
+            "runner.output": str(out / "run"),
+            "agent.max_turns": MAX_TURNS,
+        },
+        "set": list(args.set),
+        "result": str(out / "child.json"),
+    }
+    path = out / "child-spec.json"
+    path.write_text(json.dumps(spec, indent=1))
+    return path
+
+
+def start_child(spec: Path, log_path: Path, resume: bool = False) -> subprocess.Popen[bytes]:
+    if resume:
+        data = json.loads(spec.read_text())
+        data["flags"]["runner.resume"] = True
+        spec.write_text(json.dumps(data, indent=1))
+    return spawn("runner_child.py", spec, log_path)
+
+
+def spawn(script: str, spec: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """A bench child with its own TMPDIR beside its spec (sandboxes run with a cleared environment,
+    so only host-side temp files land there): whatever is left in it at the end leaked from that run."""
+    tmp = spec.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    with log_path.open("ab") as fh:
+        return subprocess.Popen(
+            [sys.executable, str(HERE / script), str(spec)], stdout=fh, stderr=fh, env=env
+        )
+
+
+def store_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "run.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.execute("PRAGMA busy_timeout=10000")
+    conn.row_factory = sqlite3.Row
+    try:
+        sql = "SELECT instance_id, sample, exit_reason, resolved, turns, timings, attempts FROM episodes"
+        return [dict(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def store_count(run_dir: Path) -> int:
+    try:
+        conn = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def check_pairs(
+    pairs: list[tuple[str, int]],
+    expected: set[tuple[str, int]],
+    unresolved: set[tuple[str, int]] = frozenset(),
+) -> dict[str, Any]:
+    """Every expected pair present exactly once: duplicates, missing and unexpected pairs."""
+    counts = collections.Counter(pairs)
+    return {
+        "stored": len(pairs),
+        "duplicates": sorted(f"{i}#{s}" for (i, s), n in counts.items() if n > 1),
+        "missing": sorted(f"{i}#{s}" for i, s in expected - set(counts)),
+        "unexpected": sorted(f"{i}#{s}" for i, s in set(counts) - expected),
+        "unresolved": sorted(f"{i}#{s}" for i, s in unresolved),
+    }
+
+
+def check_run(run_dir: Path, expected: set[tuple[str, int]]) -> dict[str, Any]:
+    """`check_pairs` on the store and on its export (results.jsonl), plus pairs stored twice (a
+    store row whose `attempts` > 1: written again over an earlier row)."""
+    rows = store_rows(run_dir)
+    unresolved = {(r["instance_id"], r["sample"]) for r in rows if not r["resolved"]}
+    out = check_pairs([(r["instance_id"], r["sample"]) for r in rows], expected, unresolved)
+    out["rewritten"] = sorted(f"{r['instance_id']}#{r['sample']}" for r in rows if r["attempts"] > 1)
+    results = run_dir / "results.jsonl"
+    if results.exists():
+        lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+        exported = check_pairs([(r["instance_id"], r["sample"]) for r in lines], expected)
+        out["export_duplicates"], out["export_missing"] = exported["duplicates"], exported["missing"]
+    return out
+
+
+def level_figures(
+    rows: list[dict[str, Any]], child: dict[str, Any], wall: float, cpu: dict[str, float]
+) -> dict[str, Any]:
+    """The per-level figures from the store rows, the child's own report and the machine's CPU."""
+    n = len(rows)
+    turns = sum(r["turns"] for r in rows)
+    startup_cpu = child["startup_user_s"] + child["startup_sys_s"]
+    own_cpu = child["user_s"] + child["sys_s"] - startup_cpu
+    run_wall = wall - child["startup_wall_s"]
+    timings = [json.loads(r["timings"]) if isinstance(r["timings"], str) else r["timings"] for r in rows]
+    medians = {
+        key: round(statistics.median(t[key] for t in timings if key in t), 3)
+        for key in ("setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s", "episode_s")
+        if any(key in t for t in timings)
+    }
+    lags = child.get("lag_s") or []
+    return {
+        "episodes": n,
+        "wall_s": round(wall, 2),
+        "episodes_per_min": round(n / wall * 60, 2) if wall else 0.0,
+        "turns_per_s": round(turns / wall, 2) if wall else 0.0,
+        "turns": turns,
+        "startup_s": {"wall": round(child["startup_wall_s"], 2), "cpu": round(startup_cpu, 2)},
+        "episodes_per_min_after_startup": round(n / run_wall * 60, 2) if run_wall > 0 else 0.0,
+        "framework_cpu_ms_per_step": round((own_cpu - child["grade_cpu_s"]) / max(turns, 1) * 1e3, 2),
+        "runner_cpu_s": {
+            "user": round(child["user_s"] - child["startup_user_s"], 2),
+            "sys": round(child["sys_s"] - child["startup_sys_s"], 2),
+        },
+        "verifier_parse_cpu_s": round(child["grade_cpu_s"], 2),
+        "children_cpu_s": round(child["children_user_s"] + child["children_sys_s"], 2),
+        "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,
+        "machine_cpu_s": {"user": round(cpu["user"], 1), "sys": round(cpu["sys"], 1)},
+        "loop_lag_ms": {
+            "p50": round(percentile(lags, 50) * 1e3, 2),
+            "p99": round(percentile(lags, 99) * 1e3, 2),
+            "max": round(max(lags, default=0.0) * 1e3, 2),
+        },
+        "exits": dict(collections.Counter(r["exit_reason"] for r in rows)),
+        "resolved": sum(bool(r["resolved"]) for r in rows),
+        "episode_median_s": medians,
+        "open_fds_at_end": child["open_fds"],
+        "threads_at_end": child["threads"],
+    }
+
+
+def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: argparse.Namespace) -> dict:
+    """One level of the runner, measured; the figures emitted and returned."""
+    samples = args.samples_per_level or samples_for(level, len(tasks))
+    out.mkdir(parents=True, exist_ok=True)
+    script = write_script(out / "script.jsonl", codec, tasks, samples)
+    spec = child_spec(out, script, level, samples, args)
+    before = cgroups_snapshot()
+    c0, t0 = cpu_times(), time.monotonic()
+    proc = start_child(spec, out / "child.log")
+    mon = TreeMonitor(proc.pid, args.sample_s)
+    mon.start()
+    rc = proc.wait()
+    wall = time.monotonic() - t0
+    c1 = cpu_times()
+    mon.stop()
+    time.sleep(1.0)  # a descendant that outlives the runner by design would show here
+    after = cgroups_snapshot()
+    ctx = {"level": level, "samples": samples, "system": "uniagent", "delay_s": args.delay}
+    result_path = out / "child.json"
+    if not result_path.exists():
+        tail = (out / "child.log").read_text(errors="replace")[-2000:]
+        emit("error", f"runner child exited {rc} without a report: {tail}", None, **ctx)
+        return {"error": rc}
+    child = json.loads(result_path.read_text())
+    if not child["ok"]:
+        emit("error", child["error"], None, **ctx)
+    cpu = dict(
+        zip(("user", "sys", "busy", "total"), (b - a for a, b in zip(c0, c1, strict=True)), strict=True)
+    )
+    figs = level_figures(store_rows(out / "run"), child, wall, cpu)
+    figs["peak_rss_mb"] = {
+        "runner": round(child["maxrss_kb"] / 1024, 1),
+        "runner_sampled": round(mon.peak_root / 2**20, 1),
+        "tree_sampled": round(mon.peak_tree / 2**20, 1),
+    }
+    figs["peak_processes"] = mon.peak_procs
+    figs["leftovers"] = {
+        "processes": mon.survivors(),
+        "cgroups": len(after - before),  # machine-wide: another run's count on a shared machine
+        "cgroups_some": sorted(after - before)[:5],
+        "tmp": sorted(p.name for p in (out / "tmp").iterdir()),
+    }
+    expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
+    check = check_run(out / "run", expected)
+    figs["all_resolved"] = (
+        not check["missing"] and not check["unresolved"] and figs["resolved"] == len(expected)
+    )
+    base = BASELINE_EP_PER_MIN.get(level)
+    if base:
+        figs["vs_baseline"] = round(figs["episodes_per_min"] / base, 2)
+    for name, value in figs.items():
+        unit = UNITS.get(name.rsplit("_", 1)[-1]) if name != "turns_per_s" else "turns/s"
+        extra: dict[str, Any] = {}
+        if name == "episodes_per_min" and level >= 1000:
+            extra = {"goal": GOAL_EP_PER_MIN_1000, "met": value >= GOAL_EP_PER_MIN_1000}
+        if name == "vs_baseline":
+            extra = {"baseline_episodes_per_min": base}
+        emit(name, value, unit, **ctx, **extra)
+    return figs
+
+
+# -- the peer ---------------------------------------------------------------------------------------
+def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """mini-swe-agent on the same episodes (bench/runner_peer.py in a child), then its submissions
+    graded with uniagent's verifier."""
+    samples = args.samples_per_level or samples_for(level, len(tasks))
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "tasks": args.tasks,
+        "samples": samples,
+        "concurrency": level,
+        "delay_s": args.delay,
+        "output": str(out),
+        "result": str(out / "peer.json"),
+    }
+    (out / "peer-spec.json").write_text(json.dumps(spec))
+    c0, t0 = cpu_times(), time.monotonic()
+    proc = spawn("runner_peer.py", out / "peer-spec.json", out / "peer.log")
+    mon = TreeMonitor(proc.pid, args.sample_s)
+    mon.start()
+    rc = proc.wait()
+    wall = time.monotonic() - t0
+    c1 = cpu_times()
+    mon.stop()
+    ctx = {"level": level, "samples": samples, "system": "mini-swe-agent", "delay_s": args.delay}
+    if rc != 0 or not (out / "peer.json").exists():
+        tail = (out / "peer.log").read_text(errors="replace")[-2000:]
+        emit("error", f"peer exited {rc}: {tail}", None, **ctx)
+        return {"error": rc}
+    peer = json.loads((out / "peer.json").read_text())
+    figs: dict[str, Any] = {
+        "episodes": len(peer["episodes"]),
+        "wall_s": round(wall, 2),
+        "episodes_per_min": round(len(peer["episodes"]) / wall * 60, 2),
+        "turns_per_s": round(peer["turns"] / wall, 2),
+        "startup_s": {"wall": round(peer["startup_wall_s"], 2), "cpu": round(peer["startup_cpu_s"], 2)},
+        "framework_cpu_ms_per_step": round(
+            (peer["user_s"] + peer["sys_s"] - peer["startup_cpu_s"]) / max(peer["turns"], 1) * 1e3, 2
+        ),
+        "cpu_util": round((c1[2] - c0[2]) / (c1[3] - c0[3]), 3),
+        "peak_rss_mb": {
+            "runner": round(peer["maxrss_kb"] / 1024, 1),
+            "tree_sampled": round(mon.peak_tree / 2**20, 1),
+        },
+        "exits": dict(collections.Counter(e["exit_status"] for e in peer["episodes"])),
+    }
+    if not args.no_peer_verify:
+        from runner_peer import grade
+
+        t1 = time.monotonic()
+        graded = grade(tasks, peer["episodes"], level)
+        figs["peer_verify_wall_s"] = round(time.monotonic() - t1, 2)
+        figs["resolved"] = sum(graded)
+    for name, value in figs.items():
+        unit = UNITS.get(name.rsplit("_", 1)[-1]) if name != "turns_per_s" else "turns/s"
+        emit(name, value, unit, **ctx, isolation=False, verifier="uniagent's, after the run")
+    return figs
+
+
+def emit_ratio(level: int, ours: dict[str, Any], peer: dict[str, Any]) -> None:
+    if "wall_s" not in ours or "wall_s" not in peer:
+        return
+    ctx = {"level": level, "note": "peer wall / uniagent wall (> 1: uniagent is faster)"}
+    emit("peer_vs_uniagent_wall", round(peer["wall_s"] / ours["wall_s"], 2), "x", **ctx, peer_verified=False)
+    if "peer_verify_wall_s" in peer:
+        total = peer["wall_s"] + peer["peer_verify_wall_s"]
+        emit("peer_vs_uniagent_wall", round(total / ours["wall_s"], 2), "x", **ctx, peer_verified=True)
+    emit(
+        "peer_vs_uniagent_cpu_per_step",
+        round(peer["framework_cpu_ms_per_step"] / max(ours["framework_cpu_ms_per_step"], 1e-9), 2),
+        "x",
+        level=level,
+    )
+
+
+# -- kill -9 and --resume ---------------------------------------------------------------------------
+def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: argparse.Namespace) -> dict:
+    """Run, kill -9 at a seeded random point, resume, check the store."""
+    rng = random.Random(args.seed)
+    samples = args.samples_per_level or samples_for(level, len(tasks))
+    total = len(tasks) * samples
+    target = max(1, int(total * rng.uniform(0.1, 0.7)))
+    jitter = rng.uniform(0.0, 2.0)
+    out.mkdir(parents=True, exist_ok=True)
+    script = write_script(out / "script.jsonl", codec, tasks, samples)
+    spec = child_spec(out, script, level, samples, args)
+    t0 = time.monotonic()
+    proc = start_child(spec, out / "child.log")
+    mon = TreeMonitor(proc.pid, args.sample_s)
+    mon.start()
+    while proc.poll() is None and store_count(out / "run") < target:
+        time.sleep(0.2)
+    time.sleep(jitter)
+    killed = proc.poll() is None
+    if killed:
+        os.kill(proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic() - t0
+    proc.wait()
+    mon.stop()
+    time.sleep(2.0)  # --die-with-parent: the kernel kills each sandbox when bwrap's parent dies
+    survivors = mon.survivors()
+    bwrap_left = [s for s in survivors if s.startswith("bwrap")]
+    before = store_count(out / "run")
+    proc = start_child(spec, out / "child-resume.log", resume=True)
+    proc.wait()
+    expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
+    check = check_run(out / "run", expected)
+    report = {
+        "level": level,
+        "episodes": total,
+        "seed": args.seed,
+        "killed": killed,
+        "killed_at_s": round(killed_at, 2),
+        "stored_before_kill": before,
+        "stored_after_resume": check["stored"],
+        "duplicates": len(check["duplicates"]) + len(check.get("export_duplicates", [])),
+        "missing": len(check["missing"]) + len(check.get("export_missing", [])),
+        "unresolved": len(check["unresolved"]),
+        "rewritten": check["rewritten"],
+        "survivors": survivors,
+        "bwrap_survivors": bwrap_left,
+        "ok": killed
+        and not bwrap_left
+        and check["stored"] == total
+        and not check["duplicates"]
+        and not check["missing"]
+        and not check["unresolved"],
+    }
+    emit("kill_resume", report, None, level=level)
+    return report
+
+
+# -- main ---------------------------------------------------------------------------------------------
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,100,1000", help="concurrency levels, comma-separated")
+    parser.add_argument("--samples-per-level", type=int, default=None, help="override samples per task")
+    parser.add_argument("--tasks", type=int, default=None, help="only the first N starter tasks")
+    parser.add_argument("--delay", type=float, default=1.0, help="replay latency per model turn (s)")
+    parser.add_argument("--no-peer", action="store_true", help="skip mini-swe-agent")
+    parser.add_argument("--peer-only", action="store_true", help="only mini-swe-agent")
+    parser.add_argument("--no-peer-verify", action="store_true", help="do not grade the peer's patches")
+    parser.add_argument("--keep", type=Path, default=None, help="output dir, kept (default: a temp dir)")
+    parser.add_argument("--kill-resume", action="store_true", help="the kill -9 / --resume check only")
+    parser.add_argument("--seed", type=int, default=14, help="kill point seed")
+    parser.add_argument("--sample-s", type=float, default=1.0, help="process-tree sampling interval")
+    parser.add_argument("--set", action="append", default=[], help="extra run config KEY=VALUE")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-runner-"))
+    root.mkdir(parents=True, exist_ok=True)
+    tasks = load_tasks(TASKS, limit=args.tasks)
+    ctx = {"cpus": os.cpu_count(), "python": platform.python_version(), "tasks": len(tasks)}
+    emit("setup", {"output": str(root), "levels": levels, "argv": shlex.join(sys.argv[1:])}, None, **ctx)
+    codec = load_codec()
+    t_start = time.monotonic()
+    if args.kill_resume:
+        level = levels[-1] if args.levels == parser.get_default("levels") else levels[0]
+        kill_resume(level, tasks, codec, root / f"kill-{level}", args)
+    else:
+        for level in levels:
+            log.info("level %d", level)
+            ours = {} if args.peer_only else run_level(level, tasks, codec, root / f"level-{level}", args)
+            peer = {} if args.no_peer else run_peer(level, tasks, root / f"peer-{level}", args)
+            emit_ratio(level, ours, peer)
+    emit("runtime_s", round(time.monotonic() - t_start, 1), "s", **ctx)
+    if args.keep is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
