@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+import leftovers
 from uniagent.models.loading import load_tokenizer, smollm2_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,8 +89,15 @@ def missing_groups() -> list[str]:
     ]
 
 
+_SESSION: dict[str, object] = {}
+"""The session-end leftover check (tests/leftovers.py): the marker, the cgroups there before,
+and what was found."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs(part, available, why): a real part this test uses")
+    _SESSION["marker"] = leftovers.begin()
+    _SESSION["cgroups"] = leftovers.sandbox_cgroups()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -98,7 +106,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if CI and missing_groups() and exitstatus == 0:
+    # Runs after every fixture, session-scoped ones included, was torn down: whatever a test
+    # started and is still alive now was leaked. Named in the summary, then killed.
+    marker = str(_SESSION.get("marker", ""))
+    left = leftovers.settle(marker) if marker else []
+    _SESSION["left"] = [leftovers.describe(p) for p in left]
+    leftovers.kill(left)
+    before = _SESSION.get("cgroups", set())
+    _SESSION["new_cgroups"] = sorted(leftovers.sandbox_cgroups() - before)  # type: ignore[operator]
+    if CI and (missing_groups() or left) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -106,6 +122,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for line in missing_groups():
         prefix = "CI=true but none of" if CI else "none available of"
         terminalreporter.write_line(f"{prefix} {line}", red=CI, yellow=not CI)
+    left = _SESSION.get("left") or []
+    if left:
+        what = "CI=true: the tests left processes running" if CI else "the tests left processes running"
+        terminalreporter.write_line(f"{what} (killed now):", red=CI, yellow=not CI)
+        for line in left:  # type: ignore[attr-defined]
+            terminalreporter.write_line(f"  {line}", red=CI, yellow=not CI)
+    cgroups = _SESSION.get("new_cgroups") or []
+    if cgroups:
+        terminalreporter.write_line(
+            f"sandbox cgroups created during the session and still there ({len(cgroups)}; another "  # type: ignore[arg-type]
+            "process on this machine may own some): " + ", ".join(cgroups[:5]),  # type: ignore[index]
+            yellow=True,
+        )
 
 
 @pytest.fixture(scope="session")
