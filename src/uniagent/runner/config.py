@@ -37,6 +37,9 @@ class RunnerConfig(BaseModel):
     sandbox_start_concurrency: int = Field(4, ge=1, description="sandbox starts at once")
     backend: Literal["local", "ray"] = "local"
     ray_address: str | None = Field(None, description="ray cluster address; unset: start a local one")
+    ray_actors: int | None = Field(
+        None, ge=1, description="Ray actors hosting episodes, spread over nodes; unset: min(concurrency, 8)"
+    )
     resume: bool = False
     retry_failed: bool = Field(
         True, description="on resume, rerun pairs that ended in an infrastructure failure"

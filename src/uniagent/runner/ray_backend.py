@@ -9,15 +9,46 @@ episodes concurrently on its own event loop. Task rows travel as plain dicts; a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from uniagent.errors import PreflightError
 from uniagent.runner.config import RunConfig
+from uniagent.sandbox import procs
 from uniagent.tasks.base import Task
 
 log = logging.getLogger(__name__)
+# An episode is redone at most this many times after its actor died; then it is stored as an
+# infrastructure failure.
+MAX_REDOS = 3
+
+
+ACTOR_TMP_PREFIX = "uniagent-actor-"
+
+
+def claim_actor_tmp(root: str | None = None) -> Path:
+    """A temporary folder for this actor process, made the process's default (sandbox workspaces
+    and control folders go under it), after removing the folders of dead actors on this node.
+
+    Why: an actor killed with SIGKILL (or lost with its node) cleans nothing; its sandboxes die
+    with it (bwrap --die-with-parent) but their workspaces stay. The next actor started on the
+    node sweeps them: a folder is named after its actor's pid, and a pid that is gone is dead.
+    """
+    base = Path(root or tempfile.gettempdir())
+    for old in base.glob(f"{ACTOR_TMP_PREFIX}*"):
+        pid = old.name.removeprefix(ACTOR_TMP_PREFIX).partition("-")[0]
+        if pid.isdigit() and not procs.alive(int(pid)):
+            log.info("removing %s, left by a dead episode actor", old)
+            shutil.rmtree(old, ignore_errors=True)
+    mine = Path(tempfile.mkdtemp(prefix=f"{ACTOR_TMP_PREFIX}{os.getpid()}-", dir=base))
+    tempfile.tempdir = str(mine)
+    return mine
 
 
 class EpisodeActor:
@@ -27,6 +58,7 @@ class EpisodeActor:
         self.config = RunConfig.model_validate(config_json)
         self.factory: Any = None
         self._lock = asyncio.Lock()
+        self.tmp = claim_actor_tmp()
 
     async def _ensure(self) -> Any:
         async with self._lock:
@@ -63,6 +95,12 @@ class EpisodeActor:
     def ping(self) -> str:
         return "ok"
 
+    async def close(self) -> None:
+        """The run is over: release the model and remove this actor's temporary folder."""
+        if self.factory is not None:
+            await self.factory.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
 
 def check_address(address: str, timeout_s: float = 10.0) -> None:
     """A `HOST:PORT` or `ray://HOST:PORT` cluster answers a TCP connection. `ray.init` against an
@@ -80,53 +118,145 @@ def check_address(address: str, timeout_s: float = 10.0) -> None:
         ) from None
 
 
+class ActorPool:
+    """The run's episode actors, spread over the cluster's nodes (SPREAD), one per slot.
+
+    An actor that dies (its worker killed, its node lost) is replaced in its slot by a fresh one,
+    once however many of its episodes noticed. Ray's own restarts and task retries stay off: a
+    retried task would rerun the episode inside Ray, invisible to the driver, which could then
+    neither count the redo nor stop an episode that kills every worker it runs on.
+    """
+
+    def __init__(self, actor_cls: Any, cfg_json: dict[str, Any], n: int) -> None:
+        self.actor_cls = actor_cls
+        self.cfg_json = cfg_json
+        self.actors = [self._new() for _ in range(n)]
+        self.replaced = 0
+
+    def _new(self) -> Any:
+        return self.actor_cls.options(scheduling_strategy="SPREAD").remote(self.cfg_json)
+
+    def replace(self, slot: int, dead: Any) -> None:
+        """Put a fresh actor in `slot` unless another episode of the same dead actor already did."""
+        import ray
+
+        if self.actors[slot] is not dead:
+            return
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(dead, no_restart=True)  # an unreachable one may still hold a node's resources
+        self.actors[slot] = self._new()
+        self.replaced += 1
+
+    async def ready(self) -> None:
+        """Every slot answers a ping; a slot whose actor died starting gets one fresh actor."""
+        import ray
+
+        async def ping(slot: int) -> None:
+            for _ in range(2):
+                actor = self.actors[slot]
+                try:
+                    await actor.ping.remote()
+                    return
+                except ray.exceptions.RayActorError:
+                    self.replace(slot, actor)
+            await self.actors[slot].ping.remote()
+
+        await asyncio.gather(*(ping(i) for i in range(len(self.actors))))
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Each actor releases its model and folder (bounded: a hung one is killed all the same)."""
+        import ray
+
+        closing = asyncio.gather(*(a.close.remote() for a in self.actors), return_exceptions=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(closing, timeout_s)
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+
+def lost_episode(deaths: int, error: str) -> dict[str, Any]:
+    """What is stored for an episode whose actor died `deaths` times: an infrastructure failure
+    (never trained on; `--resume` reruns it), not an endless redo of an episode that kills its worker."""
+    from uniagent.agent.result import EpisodeResult, ExitReason
+
+    message = f"the Ray actor running this episode died {deaths} times; last: {error}"
+    metrics = {"ray_actor_deaths": deaths}
+    return EpisodeResult([], None, ExitReason.INTERNAL_ERROR, None, metrics, error=message).to_dict()
+
+
+def init_ray(config: RunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not config.runner.ray_address:
+        ray.init(num_cpus=max(2, config.runner.concurrency), include_dashboard=False, log_to_driver=False)
+        return
+    check_address(config.runner.ray_address)
+    try:
+        ray.init(address=config.runner.ray_address, log_to_driver=False)
+    except ConnectionError as exc:
+        # Ray never turns token authentication on for an explicit address by itself.
+        raise PreflightError(
+            f"preflight: the Ray cluster at {config.runner.ray_address} did not accept the "
+            f"connection ({exc}); a cluster with token authentication needs RAY_AUTH_MODE=token "
+            "and its token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+        ) from None
+
+
 async def run_on_ray(
     config: RunConfig,
     todo: list[tuple[Task, int]],
     on_result: Callable[[str, int, dict[str, Any]], None],
     stopped: Callable[[], bool] = lambda: False,
 ) -> None:
+    """Run `todo` in actors; `on_result` (the driver's store) sees each pair once, complete.
+
+    An episode whose actor dies is redone from scratch on the slot's replacement actor: a
+    partly run episode left nothing behind but its sandbox (bwrap dies with its parent), and
+    only finished episodes reach the driver, so a redo can never be stored twice.
+    """
     import ray
 
-    if not ray.is_initialized():
-        if config.runner.ray_address:
-            check_address(config.runner.ray_address)
-            try:
-                ray.init(address=config.runner.ray_address, log_to_driver=False)
-            except ConnectionError as exc:
-                # Ray never turns token authentication on for an explicit address by itself.
-                raise PreflightError(
-                    f"preflight: the Ray cluster at {config.runner.ray_address} did not accept the "
-                    f"connection ({exc}); a cluster with token authentication needs RAY_AUTH_MODE=token "
-                    "and its token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
-                ) from None
-        else:
-            ray.init(num_cpus=max(2, config.runner.concurrency), include_dashboard=False, log_to_driver=False)
-    n_actors = max(1, min(config.runner.concurrency, len(todo), 8))
+    init_ray(config)
+    n_actors = max(1, min(config.runner.ray_actors or min(config.runner.concurrency, 8), len(todo)))
     per_actor = max(1, -(-config.runner.concurrency // n_actors))
-    actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor)(EpisodeActor)
-    cfg_json = config.model_dump(mode="json")
-    actors = [actor_cls.remote(cfg_json) for _ in range(n_actors)]
+    actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor, max_restarts=0)(EpisodeActor)
+    pool = ActorPool(actor_cls, config.model_dump(mode="json"), n_actors)
     sem = asyncio.Semaphore(config.runner.concurrency)
 
     async def one(i: int, task: Task, sample: int) -> None:
+        slot = i % n_actors
+        error = ""
         async with sem:
-            if stopped():
-                return  # the run stops: episodes not started are left for --resume
-            actor = actors[i % n_actors]
-            result = await actor.run.remote(task.family, task.row, task.source, sample)
-            on_result(task.instance_id, sample, result)
+            for deaths in range(MAX_REDOS + 1):
+                if stopped():
+                    return  # the run stops: episodes not started are left for --resume
+                actor = pool.actors[slot]
+                try:
+                    result = await actor.run.remote(task.family, task.row, task.source, sample)
+                except ray.exceptions.RayActorError as exc:
+                    error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                    log.warning("%s#%d: its Ray actor died (%s); redoing it", task.instance_id, sample, error)
+                    pool.replace(slot, actor)
+                    continue
+                if deaths:
+                    result["metrics"]["ray_actor_deaths"] = deaths
+                on_result(task.instance_id, sample, result)
+                return
+            on_result(task.instance_id, sample, lost_episode(MAX_REDOS + 1, error))
 
     try:
-        await asyncio.gather(*(a.ping.remote() for a in actors))
+        await pool.ready()
         if config.runner.preflight:
-            failed = await actors[0].preflight.remote(todo[0][0].sandbox_config(config.sandbox))
+            failed = await pool.actors[0].preflight.remote(todo[0][0].sandbox_config(config.sandbox))
             if failed:
                 raise PreflightError(failed)
         await asyncio.gather(*(one(i, t, s) for i, (t, s) in enumerate(todo)))
     finally:
-        for a in actors:
-            ray.kill(a)
+        if pool.replaced:
+            log.warning("ray: %d actors died and were replaced; their episodes were redone", pool.replaced)
+        await pool.close()
 
 
 async def doctor_check() -> list[tuple[str, bool | None, str]]:
