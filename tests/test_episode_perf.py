@@ -4,6 +4,7 @@ what a speed-up must keep true (limits still hold, the same base commit, nothing
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -41,3 +42,81 @@ async def test_local_sandbox_spawns_without_preexec_fn_and_keeps_its_limits(
     if cgroup is not None and cgroup.applied:  # the shell runs in the sandbox's own cgroup
         assert shell in members, (shell, members)
     assert not any(os.path.exists(d) for d in (cgroup.dirs if cgroup else [])), "cgroups removed"
+
+
+@pytest.fixture
+def ws_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from uniagent.tasks import workspace
+
+    cache = workspace.WorkspaceCache(tmp_path / "cache")
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(workspace, "_cache", cache)
+    return cache
+
+
+@needs_bwrap
+async def test_workspace_cache_gives_the_same_base_commit_and_no_future(tmp_path: Path, ws_cache) -> None:  # type: ignore[no-untyped-def]
+    """The second episode of a task gets a copy of the first one's prepared tree: the same
+    base sha, the same files, history still scrubbed, and no git run to prepare it."""
+    import json
+
+    from agent_helpers import make_swe_task_file
+    from test_task_repos import _repo_with_a_future, _write
+    from uniagent.tasks import load_tasks
+
+    row = json.loads(make_swe_task_file(tmp_path).read_text())
+    upstream, base, future = _repo_with_a_future(tmp_path)
+    row.update(repo_dir=str(upstream), base_commit=base)
+    [task] = load_tasks(str(_write(tmp_path / "git.jsonl", row)))
+    probe = (
+        "git log --all --format=%H; git tag; git branch -a; git stash list; git reflog | wc -l; "
+        f"git cat-file -e {future} && echo FUTURE-REACHABLE; cat calc.py; git status --porcelain"
+    )
+    outputs = []
+    for i in range(2):
+        async with sandbox.create({"workspace": str(tmp_path / f"ws{i}")}) as sb:
+            t = copy.copy(task)
+            await t.setup(sb)
+            assert t.base == base
+            outputs.append((await sb.exec(probe)).output)
+    assert ws_cache.hits == 1 and len(ws_cache.entries) == 1
+    assert outputs[0] == outputs[1], outputs
+    assert (
+        future not in outputs[1] and "FUTURE-REACHABLE" not in outputs[1] and "v1.0-fixed" not in outputs[1]
+    )
+    assert outputs[1].split()[0] == base and "return a - b" in outputs[1]
+
+
+@needs_bwrap
+async def test_workspace_cache_snapshot_sha_matches_an_uncached_setup(
+    tmp_path: Path, ws_cache, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from uniagent.tasks import load_tasks
+
+    task = load_tasks("builtin:starter", limit=1)[0]
+    shas = []
+    for env in ("1", "1", "0"):
+        monkeypatch.setenv("UNIAGENT_WORKSPACE_CACHE", env)
+        async with sandbox.create({}) as sb:
+            t = copy.copy(task)
+            await t.setup(sb)
+            shas.append(t.base)
+            assert (await sb.exec("git rev-parse HEAD; git status --porcelain | wc -l")).output.split() == [
+                t.base,
+                "0",
+            ]
+            assert (await t.grade_patch(sb, t.gold_patch)).resolved
+    assert ws_cache.hits == 1 and shas[0] == shas[1] == shas[2]
+
+
+def test_workspace_cache_is_removed_at_close_and_a_dead_process_cache_is_swept(tmp_path: Path) -> None:
+    import tempfile
+
+    from uniagent.tasks import workspace
+
+    dead = Path(tempfile.gettempdir()) / f"{workspace.PREFIX}999999999-x"
+    dead.mkdir(exist_ok=True)
+    cache = workspace.WorkspaceCache()
+    assert cache.root.is_dir() and not dead.exists()
+    cache.close()
+    assert not cache.root.exists()

@@ -20,7 +20,7 @@ from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import image_config
-from uniagent.tasks import guard, repo
+from uniagent.tasks import guard, repo, workspace
 from uniagent.tasks.base import SYSTEM_PROMPT, Task
 from uniagent.tasks.loading import json_list
 from uniagent.tools.submit import workspace_patch
@@ -139,9 +139,17 @@ class SweTask(Task):
 
     async def setup(self, sandbox: Sandbox) -> None:
         src = self.repo_path()
-        if src is not None:
-            await repo.copy_repo(sandbox, src)
-        self.base = await repo.prepare_base(sandbox, self.row.get("base_commit"), self.instance_id)
+        base_commit = self.row.get("base_commit")
+
+        async def prepare() -> str:
+            if src is not None:
+                await repo.copy_repo(sandbox, src)
+            return await repo.prepare_base(sandbox, base_commit, self.instance_id)
+
+        if src is not None and workspace.enabled():  # prepared once per process, then copied
+            self.base = await workspace.shared().materialize(sandbox, src, base_commit, prepare)
+        else:
+            self.base = await prepare()
 
     # -- the agent's view ----------------------------------------------------------------
     def messages(self) -> list[dict[str, Any]]:
