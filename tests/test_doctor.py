@@ -119,8 +119,11 @@ async def test_container_checks_reach_the_daemon_not_just_the_binary() -> None:
 async def test_every_sandbox_backend_has_its_own_check() -> None:
     import importlib
 
-    for kind in sandbox_types():
-        assert callable(importlib.import_module(f"uniagent.sandbox.{kind}").doctor_check), kind
+    from uniagent.sandbox.registry import BACKENDS
+
+    assert sandbox_types() == list(BACKENDS)
+    for kind, backend in BACKENDS.items():
+        assert callable(importlib.import_module(backend.module).doctor_check), kind
 
 
 async def test_verl_and_ray_are_version_checked() -> None:

@@ -30,9 +30,11 @@ import pytest
 
 from conftest import require, require_one_of
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox import ContainerConfig, create
+from uniagent.sandbox import ContainerConfig, container_oci, create
 from uniagent.sandbox import container as container_mod
-from uniagent.sandbox.container import READ_CP_THRESHOLD, WRITE_CP_THRESHOLD, ContainerSandbox, reap_leaked
+from uniagent.sandbox.apptainer import ApptainerSandbox
+from uniagent.sandbox.container import ContainerSandbox
+from uniagent.sandbox.container_oci import READ_CP_THRESHOLD, WRITE_CP_THRESHOLD, OciSandbox, reap_leaked
 
 IMAGE = "localhost/uniagent-test:latest"
 # what the tests (and the base class's shell file path) use inside the container
@@ -290,8 +292,8 @@ async def test_start_exec_state_and_clean_stop(runtime: Runtime) -> None:
         res = await sb.exec("ps -eo stat= | grep -c '^Z' || true")
         assert res.output.strip() == "0"
         labels = json.loads(runtime.run("inspect", "-f", "{{json .Config.Labels}}", sb.name).stdout)
-        assert labels[container_mod.LABEL] == "1"
-        assert labels[container_mod.OWNER_LABEL] == f"{socket.gethostname()}:{os.getpid()}"
+        assert labels[container_oci.LABEL] == "1"
+        assert labels[container_oci.OWNER_LABEL] == f"{socket.gethostname()}:{os.getpid()}"
         name = sb.name
     assert not await sb.alive()
     assert not runtime.exists(name), "the container must be gone after stop"
@@ -314,7 +316,8 @@ def test_run_args_follow_the_config() -> None:
     """What `run` is asked for, without running it (network on cannot be exercised here: the
     test daemon has no bridge)."""
     on = ContainerSandbox(ContainerConfig(image="x", network=True, run_args=["--hostname", "h"]))
-    args = on._oci_run_args()
+    assert isinstance(on, OciSandbox)  # the runtime's own class
+    args = on._run_args()
     assert "none" not in args and args[args.index("--hostname") + 1] == "h"
     assert args[args.index("--entrypoint") + 1 : args.index("--entrypoint") + 3] == ["sh", "x"]
     off = ContainerSandbox(
@@ -322,13 +325,13 @@ def test_run_args_follow_the_config() -> None:
             image="x", limits={"memory_mb": 100, "pids": 9, "cpus": 0.5, "open_files": 64}, env={"A": "b c"}
         )
     )
-    args = off._oci_run_args()
+    args = off._run_args()
     assert args[args.index("--network") + 1] == "none"
     assert args[args.index("--memory") + 1] == "100m" and args[args.index("--pids-limit") + 1] == "9"
     assert args[args.index("--cpus") + 1] == "0.5" and "nofile=64:64" in args and "A=b c" in args
     assert "--rm" in args
     podman = ContainerSandbox(ContainerConfig(runtime="podman", image="x"))
-    assert any(a.startswith("nproc=") for a in podman._oci_run_args())
+    assert any(a.startswith("nproc=") for a in podman._run_args())
 
 
 async def test_limits_are_applied(runtime: Runtime) -> None:
@@ -463,9 +466,10 @@ async def test_apptainer_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         runtime="apptainer", image="python:3.11", env={"A": "1"}, limits={"memory_mb": 512, "cpus": 1.5}
     )
     sb = ContainerSandbox(cfg)
-    assert sb._apptainer_image() == "docker://python:3.11"
-    sb._image_ref = sb._apptainer_image()
-    await sb._start_apptainer()
+    assert isinstance(sb, ApptainerSandbox)
+    assert sb._image() == "docker://python:3.11"
+    sb._image_ref = sb._image()
+    await sb._launch()
     start = calls[-1]
     assert start[:2] == ("instance", "start") and start[-2:] == ("docker://python:3.11", sb.name)
     assert "--containall" in start and start[start.index("--network") + 1] == "none"
@@ -475,15 +479,15 @@ async def test_apptainer_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert Path(workspace).is_dir()
     assert "ulimit -n 1024" in sb._preamble() and "ulimit -f 1048576" in sb._preamble()
     assert not await sb._alive()  # an empty instance list
-    await sb._stop_apptainer()
+    await sb._stop()
     assert calls[-1] == ("instance", "stop", "--force", sb.name)
     assert not Path(workspace).exists()
 
     local = ContainerSandbox(ContainerConfig(runtime="apptainer", image=str(tmp_path), pull="never"))
-    assert local._apptainer_image() == str(tmp_path.resolve())
+    assert local._image() == str(tmp_path.resolve())
     remote = ContainerSandbox(ContainerConfig(runtime="apptainer", image="docker://x:1", pull="never"))
     with pytest.raises(SandboxStartError, match="pull is 'never'"):
-        remote._apptainer_image()
+        remote._image()
 
 
 async def test_wall_clock_limit_stops_the_container(runtime: Runtime) -> None:
@@ -519,7 +523,7 @@ async def test_leaked_containers_are_found_and_reaped(
 ) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    monkeypatch.setattr(container_mod, "_owner", lambda: f"{socket.gethostname()}:{dead.pid}")
+    monkeypatch.setattr(container_oci, "_owner", lambda: f"{socket.gethostname()}:{dead.pid}")
     async with make(runtime) as orphan:
         monkeypatch.undo()
         mine = await make(runtime).__aenter__()

@@ -1,7 +1,7 @@
 """`uniagent doctor`: what works on this machine, found by using it, with the reason when not.
 
-Each backend checks itself: a sandbox module (`uniagent.sandbox.<type>`, one per type of the
-sandbox config union) and each optional integration has an `async def doctor_check(...) ->
+Each backend checks itself: each sandbox backend's module (found through the sandbox registry,
+`uniagent.sandbox.registry.BACKENDS`) and each optional integration has an `async def doctor_check(...) ->
 list[(name, ok, detail)]` beside its code, and each engine kind of the model registry its
 `KIND.doctor`; each starts the real thing (a sandbox that runs a command, a model that
 generates a token, a daemon or an endpoint that answers). This module only finds those
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -51,11 +50,10 @@ class Check:
 
 
 def sandbox_types() -> list[str]:
-    """Every sandbox backend, from the config union that `sandbox.create` accepts."""
-    from uniagent.sandbox.config import DeployConfig
+    """Every sandbox backend of the registry that `sandbox.create` builds from."""
+    from uniagent.sandbox.registry import BACKENDS
 
-    union = typing.get_args(DeployConfig)[0]
-    return [cls.model_fields["type"].default for cls in typing.get_args(union)]
+    return list(BACKENDS)
 
 
 def _model_specs(models: Sequence[str]) -> list[tuple[EngineKind, str, ModelConfig]]:
@@ -105,9 +103,11 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
 
     specs = _model_specs(models)
     jobs: list[Any] = [_engine(kind, arg, config, quick) for kind, arg, config in specs]
-    for sandbox_type in sandbox_types():
+    from uniagent.sandbox.registry import BACKENDS
+
+    for sandbox_type, backend in BACKENDS.items():
         required = sandbox_type == DEFAULT_SANDBOX
-        jobs.append(_run(f"uniagent.sandbox.{sandbox_type}", (), f"sandbox {sandbox_type}", required))
+        jobs.append(_run(backend.module, (), f"sandbox {sandbox_type}", required))
     jobs += [_run(module, (), module.rsplit(".", 1)[-1], required=False) for module in OPTIONAL_MODULES]
     # Backends log their own warnings (cgroups missing, host without isolation); here the
     # table says it once, so those lines would only be noise.

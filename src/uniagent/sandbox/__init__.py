@@ -1,23 +1,25 @@
-"""Where commands run. `create(config)` returns an unstarted Sandbox for any backend."""
+"""Where commands run. `create(config)` returns an unstarted Sandbox for any backend of the
+registry (sandbox/registry.py: one module plus one line per backend)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.base import Sandbox, Session
 from uniagent.sandbox.config import (
     ContainerConfig,
-    DeployConfig,
     HostConfig,
     Limits,
     LocalConfig,
     ModalConfig,
+    SandboxConfig,
     SweRexConfig,
     parse_config,
 )
+from uniagent.sandbox.pipe import PipeShellSandbox
+from uniagent.sandbox.registry import BACKENDS, DeployConfig, create
 from uniagent.sandbox.shell import ExecResult, ShellSession
 
 __all__ = [
+    "BACKENDS",
     "ContainerConfig",
     "DeployConfig",
     "ExecResult",
@@ -25,33 +27,12 @@ __all__ = [
     "Limits",
     "LocalConfig",
     "ModalConfig",
+    "PipeShellSandbox",
     "Sandbox",
+    "SandboxConfig",
+    "Session",
     "ShellSession",
     "SweRexConfig",
     "create",
     "parse_config",
 ]
-
-
-def create(config: Any = None) -> Sandbox:
-    """Build an unstarted sandbox from a DeployConfig or a dict such as `{"type": "local"}`."""
-    cfg = parse_config(config)
-    if isinstance(cfg, LocalConfig):
-        from uniagent.sandbox.local import LocalSandbox
-
-        return LocalSandbox(cfg)
-    if isinstance(cfg, HostConfig):
-        from uniagent.sandbox.host import HostSandbox
-
-        return HostSandbox(cfg)
-    if isinstance(cfg, ContainerConfig):
-        from uniagent.sandbox.container import ContainerSandbox
-
-        return ContainerSandbox(cfg)
-    if isinstance(cfg, SweRexConfig):
-        from uniagent.sandbox.swerex import SweRexSandbox
-
-        return SweRexSandbox(cfg)
-    from uniagent.sandbox.modal import ModalSandbox
-
-    return ModalSandbox(cfg)

@@ -1,9 +1,11 @@
 """The Sandbox contract and what every backend shares.
 
-A backend implements `_start`, `_stop`, `_spawn` (run argv inside with pipes) and
-`_signal_tree`; it gets persistent sessions, `exec`, binary-safe file transfer through the
-shell, retries and bounded start concurrency from here. Backends with a faster native
-path (a bind-mounted workspace, `docker cp`, an SDK call) override the file methods.
+A backend implements `_start`, `_stop` and `_open_session` (a persistent shell of its own
+kind: see `Session`); it gets `exec`, named sessions, binary-safe file transfer through the
+shell, retries, a wall-clock watchdog and bounded start concurrency from here. Backends that
+run bash over pipes derive from `PipeShellSandbox` (sandbox/pipe.py), which supplies the
+session; others (SWE-ReX) bring their own. Backends with a faster native path for files (a
+bind-mounted workspace, `docker cp`, an SDK call) override the file methods.
 """
 
 from __future__ import annotations
@@ -14,18 +16,17 @@ import contextvars
 import io
 import logging
 import secrets
-import signal
 import tarfile
 import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.procs import quote, tree_signal_script
-from uniagent.sandbox.shell import ExecResult, ShellSession, wrap_cwd_env
+from uniagent.sandbox.procs import quote
+from uniagent.sandbox.shell import ExecResult, wrap_cwd_env
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,25 @@ class StartSlots:
                 _starting.reset(token)
 
 
+class Session(Protocol):
+    """A persistent shell in a sandbox: cwd and variables survive between commands; commands
+    run one at a time. `ShellSession` (bash over pipes) and SWE-ReX's sessions are two."""
+
+    name: str
+
+    def alive(self) -> bool: ...
+
+    async def run(self, command: str, timeout: float, max_output: int | None) -> ExecResult: ...
+
+    async def interrupt(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Sandbox(ABC):
     """Where an episode's commands run. Unstarted when built; `async with` starts and stops it."""
 
     kind: ClassVar[str] = "?"
-    kill_trees_on_stop: ClassVar[bool] = False
-    """True where stopping the backend does not by itself kill every process (host)."""
     start_slots: ClassVar[StartSlots | None] = None
     """Bounds concurrent starts over all backends (set with `set_start_concurrency`)."""
 
@@ -89,7 +103,8 @@ class Sandbox(ABC):
         self.config = config
         self.workdir: str = config.workdir
         self.tools_dir: str = "/opt/uniagent/bin"
-        self._sessions: dict[str, ShellSession] = {}
+        self._sessions: dict[str, Session] = {}
+        self._session_lock = asyncio.Lock()
         self._started = False
         self._stopped = False
         self._watchdog: asyncio.Task[None] | None = None
@@ -103,27 +118,14 @@ class Sandbox(ABC):
     async def _stop(self) -> None: ...
 
     @abstractmethod
-    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
-        """Run argv inside the sandbox with stdin/stdout pipes (stderr merged or dropped)."""
+    async def _open_session(self, name: str) -> Session:
+        """A new, started persistent shell named `name` (see `session`)."""
 
-    async def _signal_tree(self, session: ShellSession, sig: int) -> None:
-        """Default: a second process inside the sandbox walks /proc and signals the tree."""
-        if session.shell_pid is None:
-            return
-        proc = await self._spawn(["sh", "-c", tree_signal_script(session.shell_pid, sig)])
-        await asyncio.wait_for(proc.communicate(), 10)
-
-    async def _signal_shell(self, session: ShellSession, sig: int) -> None:
-        """Default: a second process inside the sandbox signals the session's shell."""
-        if session.shell_pid is None:
-            return
-        proc = await self._spawn(["sh", "-c", f"kill -{int(sig)} {int(session.shell_pid)} 2>/dev/null; true"])
-        await asyncio.wait_for(proc.communicate(), 10)
-
-    async def _kill_shell(self, session: ShellSession) -> None:
-        """Kill a stuck session's shell inside the sandbox: killing the local launcher
-        (`docker exec`, ...) does not stop the process it started on the other side."""
-        await self._signal_shell(session, signal.SIGKILL)
+    async def _close_sessions(self) -> None:
+        """Close every session before the backend stops (each backend's own way)."""
+        for s in list(self._sessions.values()):
+            await s.close()
+        self._sessions.clear()
 
     def _preamble(self) -> str:
         """Shell lines run when a session starts: PATH, env, cwd."""
@@ -190,9 +192,7 @@ class Sandbox(ABC):
         await self.stop()
 
     async def _safe_stop(self) -> None:
-        for s in list(self._sessions.values()):
-            await s.close(kill_tree=self.kill_trees_on_stop)
-        self._sessions.clear()
+        await self._close_sessions()
         try:
             await self._stop()
         except Exception as exc:  # a failed cleanup must not hide the start error
@@ -220,23 +220,17 @@ class Sandbox(ABC):
         await self.stop()
 
     # -- commands ------------------------------------------------------------------------
-    async def session(self, name: str = "default") -> ShellSession:
+    async def session(self, name: str = "default") -> Session:
         """A persistent shell; created on first use. Sessions do not share cwd or variables."""
         if self._stopped:
             raise SandboxDeadError(f"the {self.kind} sandbox is stopped")
         sess = self._sessions.get(name)
         if sess is None:
-            sess = ShellSession(
-                self._spawn,
-                self._signal_tree,
-                kill_shell=self._kill_shell,
-                signal_shell=self._signal_shell,
-                name=name,
-                preamble=self._preamble(),
-                start_timeout_s=self.config.start_timeout_s,
-            )
-            await sess.start()
-            self._sessions[name] = sess
+            async with self._session_lock:  # two first uses at once must not start two shells
+                sess = self._sessions.get(name)
+                if sess is None:
+                    sess = await self._open_session(name)
+                    self._sessions[name] = sess
         return sess
 
     async def exec(

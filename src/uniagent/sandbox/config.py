@@ -1,4 +1,5 @@
-"""Where an episode's commands run: one pydantic model per backend, a union on `type`.
+"""Where an episode's commands run: one pydantic model per backend, a union on `type` (built
+from the backend registry, sandbox/registry.py).
 
 Isolation is the default (`local`: bubblewrap, no network, writes only to its workspace);
 anything weaker is an explicit choice in the config.
@@ -7,9 +8,9 @@ anything weaker is an explicit choice in the config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from uniagent.errors import ConfigError
 
@@ -28,7 +29,9 @@ class Limits(BaseModel):
     cpus: float | None = Field(None, gt=0, description="CPU share (containers, cgroup cpu quota)")
 
 
-class _Common(BaseModel):
+class SandboxConfig(BaseModel):
+    """What every backend's config has; each backend's own adds `type: Literal[NAME]` and more."""
+
     model_config = ConfigDict(extra="forbid")
 
     workdir: str = Field("/workspace", description="the agent's working directory inside the sandbox")
@@ -39,7 +42,7 @@ class _Common(BaseModel):
     start_retries: int = Field(2, ge=0)
 
 
-class LocalConfig(_Common):
+class LocalConfig(SandboxConfig):
     """bubblewrap: host system read-only, a private writable workspace, no network by default."""
 
     type: Literal["local"] = "local"
@@ -61,7 +64,7 @@ class LocalConfig(_Common):
     )
 
 
-class HostConfig(_Common):
+class HostConfig(SandboxConfig):
     """No isolation at all: commands run as the current user on this machine. Opt-in only."""
 
     type: Literal["host"] = "host"
@@ -69,7 +72,7 @@ class HostConfig(_Common):
     i_understand_there_is_no_isolation: bool = False
 
 
-class ContainerConfig(_Common):
+class ContainerConfig(SandboxConfig):
     """docker, podman or apptainer through their command-line tools."""
 
     type: Literal["container"] = "container"
@@ -81,7 +84,7 @@ class ContainerConfig(_Common):
     executable: str | None = Field(None, description="path of the CLI when not on PATH")
 
 
-class SweRexConfig(_Common):
+class SweRexConfig(SandboxConfig):
     """A SWE-ReX server: remote (URL + token) or started by uniagent inside another backend."""
 
     type: Literal["swerex"] = "swerex"
@@ -93,7 +96,7 @@ class SweRexConfig(_Common):
     )
 
 
-class ModalConfig(_Common):
+class ModalConfig(SandboxConfig):
     """A Modal sandbox through the `modal` SDK (extra `uniagent[modal]`)."""
 
     type: Literal["modal"] = "modal"
@@ -105,20 +108,6 @@ class ModalConfig(_Common):
     network: bool = False
 
 
-DeployConfig = Annotated[
-    LocalConfig | HostConfig | ContainerConfig | SweRexConfig | ModalConfig,
-    Field(discriminator="type"),
-]
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(DeployConfig)
-
-
-_MODELS: dict[str, type[_Common]] = {
-    "local": LocalConfig,
-    "host": HostConfig,
-    "container": ContainerConfig,
-    "swerex": SweRexConfig,
-    "modal": ModalConfig,
-}
 _CONSENTS = frozenset({"i_understand_there_is_no_isolation"})
 """Opt-ins to less isolation: meaningless (not wrong) on a backend that isolates."""
 _MOVED = {
@@ -127,10 +116,13 @@ _MOVED = {
 }
 
 
-def parse_config(config: Any) -> LocalConfig | HostConfig | ContainerConfig | SweRexConfig | ModalConfig:
-    """A config object, or a dict like `{"type": "local", ...}` (no `type`: local)."""
-    if isinstance(config, BaseModel):
-        return config  # type: ignore[return-value]
+def parse_config(config: Any) -> SandboxConfig:
+    """A config object, or a dict like `{"type": "local", ...}` (no `type`: local); any type of
+    the backend registry."""
+    from uniagent.sandbox.registry import adapter
+
+    if isinstance(config, SandboxConfig):
+        return config
     if config is None:
         return LocalConfig()
     if not isinstance(config, dict):
@@ -140,7 +132,7 @@ def parse_config(config: Any) -> LocalConfig | HostConfig | ContainerConfig | Sw
         if key in data:
             raise ConfigError(f"sandbox.{key} is no longer a setting: {why}")
     try:
-        return _ADAPTER.validate_python(data)
+        return adapter().validate_python(data)  # type: ignore[no-any-return]
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = list(err["loc"])
@@ -150,11 +142,16 @@ def parse_config(config: Any) -> LocalConfig | HostConfig | ContainerConfig | Sw
         raise ConfigError(f"sandbox.{where}: {err['msg']}") from None
 
 
+def type_of(config: SandboxConfig) -> str:
+    """A config's backend `type` (each backend's config class declares its own)."""
+    return str(type(config).model_fields["type"].default)
+
+
 def _settings(config: Any) -> dict[str, Any]:
     """What the user set, as a dict with its `type`: a model's explicitly set fields only, so
     that a default of one backend never counts as a choice to carry elsewhere."""
-    if isinstance(config, BaseModel):
-        return {**config.model_dump(exclude_unset=True), "type": config.type}  # type: ignore[attr-defined]
+    if isinstance(config, SandboxConfig):
+        return {**config.model_dump(exclude_unset=True), "type": type_of(config)}
     parse_config(config)  # the user's own mistakes are named as such, before any move
     return {"type": "local", **(config or {})}
 
@@ -167,11 +164,11 @@ def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
     `fields` are what the task dictates and win. A setting the target has no way to honour (a
     local `rootfs` on a container) is a ConfigError naming it, never silently dropped.
     """
-    if type not in _MODELS:
-        raise ConfigError(f"unknown sandbox type {type!r}; known: {', '.join(_MODELS)}")
+    from uniagent.sandbox.registry import backend
+
+    target = backend(type).config
     data = _settings(config)
     source = data.pop("type")
-    target = _MODELS[type]
     if source != type:
         for key in list(data):
             if key in _CONSENTS:
@@ -193,9 +190,11 @@ def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
     the user's settings (see `retarget`). Backends without images (local, host) become a
     container; container and modal keep their type; a SWE-ReX server uniagent starts runs in
     its `inner` container. A running SWE-ReX server has its own environment, so it cannot."""
+    from uniagent.sandbox.registry import backend
+
     data = _settings(config)
     kind = data["type"]
-    if kind in ("container", "modal"):
+    if backend(kind).images:
         return retarget(data, kind, image=image, workdir=workdir)
     if kind != "swerex":
         return retarget(data, "container", image=image, workdir=workdir)

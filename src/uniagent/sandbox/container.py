@@ -1,83 +1,31 @@
-"""Containers through their command-line tools: docker, podman (OCI) and apptainer.
+"""Containers through their command-line tools: docker, podman (OCI, container_oci.py) and
+apptainer (apptainer.py).
 
 Every call is an asyncio subprocess of the runtime's CLI, so nothing blocks the event loop
 and no SDK is needed. One long-lived container per sandbox; each shell session is a
-`<cli> exec -i` into it, and timeouts reach the command's process tree through a second
-exec that walks /proc inside the container (the base class default).
-
-docker / podman:
-- The image is resolved before the timed start (a pull can take longer than
-  `start_timeout_s`); a failed pull with no local copy is a `SandboxStartError` that
-  carries the CLI's message.
-- PID 1 is a small `sh` loop rather than the image's entrypoint: it keeps the container
-  up, exits on SIGTERM, and, blocked in `wait`, reaps orphans that exec sessions leave
-  behind, so no `--init` binary (tini, catatonit) has to exist on the host. With a
-  wall-clock limit it also exits by itself shortly after the limit, and `--rm` then
-  removes the container, so a crashed controller cannot leak it forever.
-- Containers carry labels (`uniagent.sandbox`, `uniagent.owner=<host>:<pid>`), so
-  `reap_leaked()` can find and remove those whose owner died.
-- Big files and all directories travel as `<cli> cp` tar streams (no base64, nothing
-  needed in the image); small files through the shell, where a round trip is cheaper than
-  starting a CLI process.
-
-apptainer: `instance start` / `exec instance://` / `instance stop`, with `--containall`,
-a host temp dir bound at `workdir` (an image is read-only; a writable tmpfs is small),
-no network unless asked, cgroup flags for memory/pids/cpus, and rlimits from the session
-preamble (apptainer has no `--ulimit`). Files go through the shell (base class).
+`<cli> exec` into it, and timeouts reach the command's process tree through a second exec
+that walks /proc inside the container (the pipe-shell default). This module holds what the
+runtimes share: the CLI runner, `ContainerSandbox` (which builds the runtime's own class from
+the config's `runtime`), and the health check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
-import logging
-import os
-import resource
 import secrets
 import shutil
-import socket
-import tarfile
-import tempfile
-import threading
-import time
-import weakref
-from collections.abc import Callable, Sequence
+from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import Any
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import ContainerConfig
-from uniagent.sandbox.procs import quote, spawn
+from uniagent.sandbox.pipe import PipeShellSandbox
+from uniagent.sandbox.procs import spawn
 
-log = logging.getLogger(__name__)
-
-_Feeder = Callable[[IO[bytes]], None]
-_Drainer = Callable[[IO[bytes]], None]
-
-LABEL = "uniagent.sandbox"
-OWNER_LABEL = "uniagent.owner"
-
-# Small files travel through the already-open shell session; big ones through one `cp`
-# process, which costs 60-150 ms whatever the size. Measured with docker 20.10 and podman
-# 4.3 on 2 cores: writing through the shell costs ~300 ms per MiB (base64 chunks that bash
-# must parse), so `cp` wins from one chunk (256 KiB) up; reading through the shell is one
-# `base64` command (~25 ms per MiB plus a size probe), so `cp` wins only from a few MiB.
-WRITE_CP_THRESHOLD = 1 << 18
-READ_CP_THRESHOLD = 4 << 20
-
-_CLI_TIMEOUT_S = 60.0
-_FILE_TIMEOUT_S = 600.0
-_GONE_MARKERS = ("no such container", "no container with name or id", "no such object")
-
-# One pull per image at a time (per event loop): N sandboxes starting together on a cold
-# machine should not start N downloads of the same image.
-_PULL_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]] = (
-    weakref.WeakKeyDictionary()
-)
+CLI_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -98,7 +46,7 @@ class CliResult:
 
 
 async def run_cli(
-    argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = _CLI_TIMEOUT_S
+    argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = CLI_TIMEOUT_S
 ) -> CliResult:
     """Run a CLI to completion without blocking the loop; killed on timeout or cancellation."""
     try:
@@ -124,33 +72,27 @@ async def run_cli(
     return CliResult(proc.returncode or 0, out, err.decode(errors="replace"))
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+class ContainerSandbox(PipeShellSandbox):
+    """A docker, podman or apptainer container driven through its CLI.
 
-
-def _nproc_ceiling() -> int:
-    """An RLIMIT_NPROC podman can always set. podman (4.3, as root) was seen running with
-    its own limit lowered to pid_max, and a container cannot get more than podman has
-    without CAP_SYS_RESOURCE; more processes than pid_max cannot exist anyway. The real
-    process budget is the pids cgroup (`limits.pids`)."""
-    try:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        pid_max = 32768
-    hard = _hard_limit(resource.RLIMIT_NPROC)
-    return min(pid_max, hard) if hard is not None else pid_max
-
-
-def _hard_limit(which: int) -> int | None:
-    """This process's hard rlimit, or None when unlimited."""
-    hard = resource.getrlimit(which)[1]
-    return None if hard == resource.RLIM_INFINITY else hard
-
-
-class ContainerSandbox(Sandbox):
-    """A docker, podman or apptainer container driven through its CLI."""
+    `ContainerSandbox(config)` builds the runtime's own class (`OciSandbox` for docker and
+    podman, `ApptainerSandbox`); each implements `_prepare_image`, `_launch`, `_exec_argv`,
+    `_stop` and `_alive`.
+    """
 
     kind = "container"
+
+    def __new__(cls, config: ContainerConfig) -> Any:
+        if cls is ContainerSandbox:
+            if config.runtime == "apptainer":
+                from uniagent.sandbox.apptainer import ApptainerSandbox
+
+                cls = ApptainerSandbox
+            else:
+                from uniagent.sandbox.container_oci import OciSandbox
+
+                cls = OciSandbox
+        return super().__new__(cls)
 
     def __init__(self, config: ContainerConfig) -> None:
         if not config.image:
@@ -162,17 +104,23 @@ class ContainerSandbox(Sandbox):
         self.runtime = config.runtime
         self.name = self._new_name()
         self.cli: str = config.executable or self._default_cli()
-        self._workspace: str | None = None  # apptainer: host dir bound at workdir
         self._image_ref: str = config.image
 
-    # -- helpers --------------------------------------------------------------------------
-    @property
-    def is_oci(self) -> bool:
-        return self.runtime in ("docker", "podman")
+    # -- what each runtime does ----------------------------------------------------------
+    @abstractmethod
+    async def _prepare_image(self) -> None:
+        """Make the image available (pull, resolve); once, before the timed and retried start."""
 
+    @abstractmethod
+    async def _launch(self) -> None:
+        """Start the container named `self.name`."""
+
+    @abstractmethod
+    def _exec_argv(self, argv: list[str]) -> list[str]:
+        """The CLI command line that runs argv inside the container with stdin attached."""
+
+    # -- shared ----------------------------------------------------------------------------
     def _default_cli(self) -> str:
-        if self.runtime == "apptainer":
-            return shutil.which("apptainer") or shutil.which("singularity") or "apptainer"
         return self.runtime
 
     @staticmethod
@@ -180,14 +128,17 @@ class ContainerSandbox(Sandbox):
         return f"uniagent-{secrets.token_hex(6)}"
 
     async def _cli(
-        self, *args: str, stdin: bytes | None = None, timeout: float | None = _CLI_TIMEOUT_S
+        self, *args: str, stdin: bytes | None = None, timeout: float | None = CLI_TIMEOUT_S
     ) -> CliResult:
         return await run_cli([self.cli, *args], stdin=stdin, timeout=timeout)
 
     def _what(self) -> str:
         return f"{self.runtime} container {self.name}"
 
-    # -- lifecycle ------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if not self._started or self._stopped:
+            raise SandboxDeadError(f"the {self.runtime} sandbox is not running (start it first)")
+
     async def start(self) -> None:
         """Resolve the CLI and the image once, outside the timed and retried start: a pull
         may take minutes, and a missing image or CLI is not fixed by retrying."""
@@ -197,438 +148,21 @@ class ContainerSandbox(Sandbox):
                     f"the {self.runtime} CLI {self.cli!r} was not found; install it or set "
                     "`executable` in the container config"
                 )
-            if self.is_oci:
-                await self._ensure_oci_image()
-            else:
-                self._image_ref = self._apptainer_image()
+            await self._prepare_image()
         await super().start()
 
     async def _start(self) -> None:
         self.name = self._new_name()
-        if self.is_oci:
-            await self._start_oci()
-        else:
-            await self._start_apptainer()
-
-    async def _stop(self) -> None:
-        if self.is_oci:
-            await self._stop_oci()
-        else:
-            await self._stop_apptainer()
+        await self._launch()
 
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
-        if self.is_oci:
-            cmd = [self.cli, "exec", "-i", self.name, *argv]
-        else:
-            env = [f"--env={k}={v}" for k, v in self.config.env.items()]
-            cmd = [self.cli, "exec", "--cleanenv", *env, f"instance://{self.name}", *argv]
         return await spawn(
-            *cmd,
+            *self._exec_argv(argv),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
-
-    async def _alive(self) -> bool:
-        try:
-            if self.is_oci:
-                res = await self._cli("inspect", "-f", "{{.State.Running}}", self.name, timeout=30)
-                return res.ok and res.out.strip() == b"true"
-            res = await self._cli("instance", "list", "--json", self.name, timeout=30)
-            return res.ok and bool(json.loads(res.out or b"{}").get("instances"))
-        except (SandboxError, ValueError):
-            return False
-
-    # -- docker / podman ------------------------------------------------------------------
-    async def _ensure_oci_image(self) -> None:
-        cfg = self.config
-        present = (await self._cli("image", "inspect", cfg.image)).ok
-        if present and cfg.pull != "always":
-            return
-        if cfg.pull == "never":
-            raise SandboxStartError(
-                f"image {cfg.image!r} is not available to {self.runtime} and pull is 'never'; "
-                f"build or pull it first (`{self.runtime} pull {cfg.image}`) or set pull: missing"
-            )
-        loop = asyncio.get_running_loop()
-        locks = _PULL_LOCKS.setdefault(loop, {})
-        async with locks.setdefault((self.cli, cfg.image), asyncio.Lock()):
-            if cfg.pull == "missing" and (await self._cli("image", "inspect", cfg.image)).ok:
-                return  # another sandbox pulled it while we waited
-            res = CliResult(1, b"", "")
-            for attempt in range(cfg.start_retries + 1):
-                res = await self._cli("pull", cfg.image, timeout=None)
-                if res.ok:
-                    return
-                log.warning(
-                    "%s pull %s failed (attempt %d): %s", self.runtime, cfg.image, attempt + 1, res.message()
-                )
-                if attempt < cfg.start_retries:
-                    await asyncio.sleep(min(1.0 * 2**attempt, 10))
-        raise SandboxStartError(f"`{self.runtime} pull {cfg.image}` failed: {res.message()}")
-
-    def _keeper(self) -> list[str]:
-        """PID 1: sleeps in `wait` (which reaps orphans), exits on TERM/INT/HUP, and, with a
-        wall-clock limit, by itself a little after it."""
-        trap = "trap 'exit 0' TERM INT HUP; "
-        wall = self.config.limits.wall_clock_s
-        if wall:
-            return ["-c", trap + f"sleep {int(wall) + 30} & wait $!; exit 0"]
-        return ["-c", trap + "while :; do sleep 3600 & wait $!; done"]
-
-    def _oci_run_args(self) -> list[str]:
-        cfg, lim = self.config, self.config.limits
-        args = [
-            "run", "-d", "--rm", "--name", self.name,
-            "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}={_owner()}",
-            "--label", f"uniagent.started={int(time.time())}",
-        ]  # fmt: skip
-        if not cfg.network:
-            args += ["--network", "none"]
-        if lim.memory_mb:
-            # swap equal to memory: the limit is real, not "memory + as much swap again"
-            args += ["--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m"]
-        if lim.pids:
-            args += ["--pids-limit", str(lim.pids)]
-        if lim.cpus:
-            args += ["--cpus", f"{lim.cpus:g}"]
-        if lim.cpu_time_s:
-            args += ["--ulimit", f"cpu={lim.cpu_time_s}:{lim.cpu_time_s}"]
-        if lim.file_size_mb:
-            size = lim.file_size_mb * 1024 * 1024
-            args += ["--ulimit", f"fsize={size}:{size}"]
-        nofile = lim.open_files
-        if self.runtime == "podman":
-            # podman's defaults raise nofile and nproc to about a million; without
-            # CAP_SYS_RESOURCE (nested containers, CI runners) runc then fails with EPERM.
-            # Values no higher than the limits podman itself runs with always work (there
-            # is no daemon: the container inherits them from us).
-            host_nofile = _hard_limit(resource.RLIMIT_NOFILE)
-            if host_nofile is not None and (nofile is None or nofile > host_nofile):
-                if nofile is not None:
-                    log.warning("open_files=%d exceeds this host's hard limit; using %d", nofile, host_nofile)
-                nofile = host_nofile
-            if not any(a.startswith("nproc=") for a in cfg.run_args):
-                nproc = _nproc_ceiling()
-                args += ["--ulimit", f"nproc={nproc}:{nproc}"]
-        if nofile:
-            args += ["--ulimit", f"nofile={nofile}:{nofile}"]
-        for key, value in cfg.env.items():
-            args += ["-e", f"{key}={value}"]
-        args += list(cfg.run_args)
-        args += ["--entrypoint", "sh", cfg.image, *self._keeper()]
-        return args
-
-    async def _start_oci(self) -> None:
-        res = await self._cli(*self._oci_run_args(), timeout=None)  # bounded by start_timeout_s
-        if not res.ok:
-            raise SandboxStartError(f"`{self.runtime} run {self.config.image}` failed: {res.message()}")
-        mk = await self._cli("exec", self.name, "mkdir", "-p", "--", self.workdir)
-        if not mk.ok:
-            raise SandboxStartError(f"could not create {self.workdir} in {self._what()}: {mk.message()}")
-
-    async def _stop_oci(self) -> None:
-        args = ["rm", "-f", "-v"]
-        if self.runtime == "podman":
-            args += ["-t", "0"]  # podman's rm -f waits for the stop timeout otherwise
-        res = await self._cli(*args, self.name)
-        if not res.ok and not any(m in res.message().lower() for m in _GONE_MARKERS):
-            if "removal of container" in res.message() and "already in progress" in res.message():
-                return  # --rm got there first
-            raise SandboxError(f"could not remove {self._what()}: {res.message()}")
-
-    async def _cp_failed(self, res: CliResult, what: str) -> SandboxError:
-        """The error for a failed `cp`: dead if the container is gone, else the CLI's message."""
-        if not await self._alive():
-            return SandboxDeadError(f"{what} failed: the {self._what()} is not running ({res.message()})")
-        return SandboxError(f"{what} failed: {res.message()}")
-
-    def _check_running(self) -> None:
-        if not self._started or self._stopped:
-            raise SandboxDeadError(f"the {self.runtime} sandbox is not running (start it first)")
-
-    # -- files (docker / podman: `cp` tar streams for big payloads) -----------------------
-    async def read_file(self, path: str) -> bytes:
-        if not self.is_oci:
-            return await super().read_file(path)
-        self._check_running()
-        src = self._abs(path)
-        size = await self._size_of(src)
-        if size is not None and size < READ_CP_THRESHOLD:
-            return await super().read_file(path)
-        args = ["cp", *(["-L"] if self.runtime == "docker" else []), f"{self.name}:{src}", "-"]
-        res = await self._cli(*args, timeout=_FILE_TIMEOUT_S)
-        if not res.ok:
-            raise await self._cp_failed(res, f"reading {path}")
-        with tarfile.open(fileobj=io.BytesIO(res.out), mode="r:") as tar:
-            member = tar.next()
-            if member is None or not member.isfile():
-                kind = "a directory" if member is not None and member.isdir() else "not a regular file"
-                raise SandboxError(f"reading {path} failed: it is {kind}")
-            f = tar.extractfile(member)
-            assert f is not None
-            return f.read()
-
-    async def _size_of(self, path: str) -> int | None:
-        """Size of a regular file (following links), or None when it is not one (the caller
-        then takes the `cp` path, whose error names the problem)."""
-        res = await self.exec(
-            f"[ -f {quote(path)} ] && wc -c < {quote(path)}", timeout=60, max_output=None, session="_files"
-        )
-        try:
-            return int(res.output.strip()) if res.ok else None
-        except ValueError:
-            return None
-
-    async def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
-        raw = data.encode() if isinstance(data, str) else data
-        if not self.is_oci or len(raw) < WRITE_CP_THRESHOLD:
-            await super().write_file(path, raw, mode)
-            return
-        self._check_running()
-        dest = PurePosixPath(self._abs(path))
-        await self._checked(f"mkdir -p -- {quote(str(dest.parent))}", f"writing {path}")
-        bio = io.BytesIO()
-        with tarfile.open(fileobj=bio, mode="w") as tar:
-            info = tarfile.TarInfo(dest.name)
-            info.size, info.mode, info.mtime = len(raw), 0o644 if mode is None else mode, int(time.time())
-            tar.addfile(info, io.BytesIO(raw))
-        res = await self._cli(
-            "cp", "-", f"{self.name}:{dest.parent}", stdin=bio.getvalue(), timeout=_FILE_TIMEOUT_S
-        )
-        if not res.ok:
-            raise await self._cp_failed(res, f"writing {path}")
-
-    async def upload(self, src: str | Path, dest: str) -> None:
-        """Copy a host file or directory to `dest`; a directory streams as one tar."""
-        src = Path(src)
-        if not self.is_oci or not src.is_dir():
-            await super().upload(src, dest)
-            return
-        self._check_running()
-        target = self._abs(dest)
-        await self._checked(f"mkdir -p -- {quote(target)}", f"uploading to {dest}")
-        res = await self._stream_cli(["cp", "-", f"{self.name}:{target}"], feed=lambda f: _tar_dir(src, f))
-        if not res.ok:
-            raise await self._cp_failed(res, f"uploading {src} to {dest}")
-
-    async def download(self, src: str, dest: str | Path) -> None:
-        """Copy a file or directory out of the container to the host path `dest`."""
-        if not self.is_oci:
-            await super().download(src, dest)
-            return
-        self._check_running()
-        dest = Path(dest)
-        args = ["cp", *(["-L"] if self.runtime == "docker" else []), f"{self.name}:{self._abs(src)}", "-"]
-        res = await self._stream_cli(args, drain=lambda f: _untar_to(f, dest))
-        if not res.ok:
-            raise await self._cp_failed(res, f"downloading {src}")
-
-    async def _stream_cli(
-        self,
-        args: list[str],
-        *,
-        feed: _Feeder | None = None,
-        drain: _Drainer | None = None,
-    ) -> CliResult:
-        """Run the CLI with a tar stream written to its stdin (`feed`) or read from its
-        stdout (`drain`) by a thread, so neither the loop nor memory holds the archive."""
-        r, w = os.pipe()
-        try:
-            proc = await spawn(
-                self.cli,
-                *args,
-                stdin=r if feed else asyncio.subprocess.DEVNULL,
-                stdout=w if drain else asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(r)
-            os.close(w)
-            raise
-        # The child holds its own copies; ours must close so EOF reaches the other side.
-        os.close(r if feed else w)
-        ours = w if feed else r
-        box: dict[str, BaseException] = {}
-
-        def work() -> None:
-            try:
-                with os.fdopen(ours, "wb" if feed else "rb") as f:
-                    if feed:
-                        feed(f)
-                    elif drain:
-                        drain(f)
-            except BaseException as exc:  # reported after the CLI's own error
-                box["exc"] = exc
-
-        thread = threading.Thread(target=work, daemon=True)
-        thread.start()
-        try:
-            assert proc.stderr is not None
-            err = await asyncio.wait_for(proc.stderr.read(), _FILE_TIMEOUT_S)
-            await asyncio.wait_for(proc.wait(), _FILE_TIMEOUT_S)
-            await asyncio.to_thread(thread.join, _FILE_TIMEOUT_S)
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        res = CliResult(proc.returncode or 0, b"", err.decode(errors="replace"))
-        exc = box.get("exc")
-        if res.ok and exc is not None:
-            if isinstance(exc, BrokenPipeError):
-                raise SandboxError(f"`{self.runtime} {args[0]}` stopped reading its input") from exc
-            if isinstance(exc, (tarfile.TarError, OSError)):
-                raise SandboxError(f"`{self.runtime} {args[0]}` archive problem: {exc}") from exc
-            raise exc
-        return res
-
-    # -- apptainer ------------------------------------------------------------------------
-    def _apptainer_image(self) -> str:
-        image = self.config.image
-        if "://" not in image and Path(image).exists():
-            return str(Path(image).resolve())
-        uri = image if "://" in image else f"docker://{image}"
-        if self.config.pull == "never":
-            raise SandboxStartError(
-                f"image {image!r} is not a local SIF file or sandbox directory and pull is 'never'; "
-                f"run `apptainer pull` first and set image to the .sif path"
-            )
-        return uri
-
-    def _preamble(self) -> str:
-        """apptainer has no --ulimit: every session sets the rlimits itself before any command."""
-        base = super()._preamble()
-        if self.is_oci:
-            return base
-        lim = self.config.limits
-        lines = []
-        if lim.open_files:
-            lines.append(f"ulimit -n {lim.open_files}")
-        if lim.file_size_mb:
-            lines.append(f"ulimit -f {lim.file_size_mb * 1024}")  # bash: 1 KiB blocks
-        if lim.cpu_time_s:
-            lines.append(f"ulimit -t {lim.cpu_time_s}")
-        return "\n".join([*(f"{x} 2>/dev/null || true" for x in lines), base])
-
-    async def _start_apptainer(self) -> None:
-        cfg, lim = self.config, self.config.limits
-        self._workspace = tempfile.mkdtemp(prefix="uniagent-ws-")
-        args = [
-            "instance", "start", "--containall", "--writable-tmpfs",
-            "--bind", f"{self._workspace}:{self.workdir}",
-        ]  # fmt: skip
-        if not cfg.network:
-            args += ["--net", "--network", "none"]
-        if cfg.pull == "always":
-            args.append("--disable-cache")
-        cgroup_flags = []
-        if lim.memory_mb:
-            cgroup_flags += ["--memory", f"{lim.memory_mb}M"]
-        if lim.pids:
-            cgroup_flags += ["--pids-limit", str(lim.pids)]
-        if lim.cpus:
-            cgroup_flags += ["--cpus", f"{lim.cpus:g}"]
-        for key, value in cfg.env.items():
-            args.append(f"--env={key}={value}")
-        args += [*cgroup_flags, *cfg.run_args, self._image_ref, self.name]
-        res = await self._cli(*args, timeout=None)
-        if not res.ok:
-            hint = ""
-            if cgroup_flags and "cgroup" in res.message().lower():
-                hint = (
-                    " (memory/pids/cpus limits need cgroups this user may control; set "
-                    "limits.memory_mb, limits.pids and limits.cpus to null to run without them)"
-                )
-            raise SandboxStartError(
-                f"`apptainer instance start {self._image_ref}` failed: {res.message()}{hint}"
-            )
-
-    async def _stop_apptainer(self) -> None:
-        try:
-            res = await self._cli("instance", "stop", "--force", self.name)
-            msg = res.message().lower()
-            if not res.ok and "no instance found" not in msg and "not found" not in msg:
-                raise SandboxError(f"could not stop {self._what()}: {res.message()}")
-        finally:
-            if self._workspace:
-                shutil.rmtree(self._workspace, ignore_errors=True)
-                self._workspace = None
-
-
-def _tar_dir(src: Path, out: IO[bytes]) -> None:
-    """Write `src`'s contents (not `src` itself) as a tar stream."""
-    with tarfile.open(fileobj=out, mode="w|") as tar:
-        for child in sorted(src.iterdir()):
-            tar.add(child, arcname=child.name)
-
-
-def _untar_to(stream: IO[bytes], dest: Path) -> None:
-    """Unpack a `cp` stream into `dest`. `cp` names its top entry after the source (or,
-    podman, after a link's target): that entry becomes `dest` itself."""
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        top: str | None = None
-        for member in tar:
-            name = member.name.removeprefix("./").rstrip("/")
-            if top is None:
-                top = name
-                if member.isfile():
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    with open(dest, "wb") as out:
-                        shutil.copyfileobj(f, out)
-                    os.chmod(dest, member.mode & 0o777)
-                    return
-                if not member.isdir():
-                    raise SandboxError(f"cannot download {member.name}: not a file or directory")
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            if name == top or not name.startswith(top + "/"):
-                continue
-            member.name = name[len(top) + 1 :]
-            if member.islnk():  # hard links name their target by its path in the stream
-                link = member.linkname.removeprefix("./")
-                if not link.startswith(top + "/"):
-                    continue
-                member.linkname = link[len(top) + 1 :]
-            tar.extract(member, dest, filter="data")
-
-
-async def reap_leaked(
-    runtime: str = "docker", executable: str | None = None, *, dry_run: bool = False
-) -> list[str]:
-    """Remove uniagent containers on this host whose owning process no longer runs (after a
-    crash or a SIGKILL). Returns their ids. Containers owned by live processes or by other
-    hosts are left alone."""
-    cli = executable or runtime
-    res = await run_cli([cli, "ps", "-a", "-q", "--no-trunc", "--filter", f"label={LABEL}"])
-    if not res.ok:
-        raise SandboxError(f"`{runtime} ps` failed: {res.message()}")
-    ids = res.out.decode().split()
-    if not ids:
-        return []
-    fmt = '{{.Id}} {{index .Config.Labels "' + OWNER_LABEL + '"}}'
-    res = await run_cli([cli, "inspect", "-f", fmt, *ids])
-    host = socket.gethostname()
-    leaked = []
-    for line in res.out.decode().splitlines():
-        cid, _, owner = line.partition(" ")
-        owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            leaked.append(cid)
-        except PermissionError:
-            continue  # alive, someone else's
-    if leaked and not dry_run:
-        rm = ["rm", "-f", "-v", *(["-t", "0"] if runtime == "podman" else [])]
-        await run_cli([cli, *rm, *leaked])
-    return leaked
 
 
 async def doctor_check() -> list[tuple[str, bool | None, str]]:

@@ -7,15 +7,15 @@ import logging
 import os
 
 from uniagent.errors import ConfigError
-from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import HostConfig
+from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids, spawn
 from uniagent.sandbox.shell import ShellSession
 
 log = logging.getLogger(__name__)
 
 
-class HostSandbox(Sandbox):
+class HostSandbox(PipeShellSandbox):
     """For trusted code and debugging. The model's commands can touch everything you can."""
 
     kind = "host"

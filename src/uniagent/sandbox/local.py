@@ -29,9 +29,9 @@ from pathlib import Path
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox import procs
-from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.cgroups import SandboxCgroup
 from uniagent.sandbox.config import LocalConfig
+from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.shell import ShellSession
 
@@ -69,7 +69,7 @@ def _python_prefixes() -> list[str]:
     return sorted(out)
 
 
-class LocalSandbox(Sandbox):
+class LocalSandbox(PipeShellSandbox):
     """bubblewrap on this machine. See the module docstring for what is isolated and how."""
 
     kind = "local"

@@ -20,11 +20,11 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import ModalConfig
+from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.shell import ShellSession
 
@@ -204,7 +204,7 @@ def _has_credentials(modal: Any) -> bool:
     return bool(get("token_id") and get("token_secret")) or bool(get("oauth_refresh_token"))
 
 
-class ModalSandbox(Sandbox):
+class ModalSandbox(PipeShellSandbox):
     """A Modal Sandbox. Sessions are bash processes from `Sandbox.exec` behind `PipeProcess`."""
 
     kind = "modal"
@@ -279,7 +279,7 @@ class ModalSandbox(Sandbox):
             lines.append(f"ulimit -t {lim.cpu_time_s}")
         return "\n".join([*(f"{x} 2>/dev/null" for x in lines), super()._preamble()])
 
-    async def _spawn(self, argv: list[str]) -> PipeProcess:  # type: ignore[override]
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         if self._sb is None:
             raise SandboxDeadError("the modal sandbox is not running")
         modal = self._modal
@@ -291,7 +291,8 @@ class ModalSandbox(Sandbox):
             if not await self._alive():
                 raise SandboxDeadError(f"the modal sandbox died: {exc}") from None
             raise OSError(f"Modal exec failed: {exc}") from exc
-        return modal_process(proc)
+        # A PipeProcess has every member of a Process that ShellSession uses (module docstring).
+        return cast(asyncio.subprocess.Process, modal_process(proc))
 
     async def _run(self, *argv: str) -> None:
         """A one-off command (signals); its output is discarded."""

@@ -1,0 +1,112 @@
+"""apptainer (or singularity) instances, driven through the CLI.
+
+`instance start` / `exec instance://` / `instance stop`, with `--containall`, a host temp dir
+bound at `workdir` (an image is read-only; a writable tmpfs is small), no network unless asked,
+cgroup flags for memory/pids/cpus, and rlimits from the session preamble (apptainer has no
+`--ulimit`). Files go through the shell (the Sandbox default).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from uniagent.errors import SandboxError, SandboxStartError
+from uniagent.sandbox.config import ContainerConfig
+from uniagent.sandbox.container import ContainerSandbox
+
+
+class ApptainerSandbox(ContainerSandbox):
+    """An apptainer instance (built by `ContainerSandbox(config)` for `runtime: apptainer`)."""
+
+    def __init__(self, config: ContainerConfig) -> None:
+        super().__init__(config)
+        self._workspace: str | None = None  # the host dir bound at workdir
+
+    def _default_cli(self) -> str:
+        return shutil.which("apptainer") or shutil.which("singularity") or "apptainer"
+
+    async def _prepare_image(self) -> None:
+        self._image_ref = self._image()
+
+    def _exec_argv(self, argv: list[str]) -> list[str]:
+        env = [f"--env={k}={v}" for k, v in self.config.env.items()]
+        return [self.cli, "exec", "--cleanenv", *env, f"instance://{self.name}", *argv]
+
+    async def _alive(self) -> bool:
+        try:
+            res = await self._cli("instance", "list", "--json", self.name, timeout=30)
+            return res.ok and bool(json.loads(res.out or b"{}").get("instances"))
+        except (SandboxError, ValueError):
+            return False
+
+    def _image(self) -> str:
+        image = self.config.image
+        if "://" not in image and Path(image).exists():
+            return str(Path(image).resolve())
+        uri = image if "://" in image else f"docker://{image}"
+        if self.config.pull == "never":
+            raise SandboxStartError(
+                f"image {image!r} is not a local SIF file or sandbox directory and pull is 'never'; "
+                f"run `apptainer pull` first and set image to the .sif path"
+            )
+        return uri
+
+    def _preamble(self) -> str:
+        """apptainer has no --ulimit: every session sets the rlimits itself before any command."""
+        base = super()._preamble()
+        lim = self.config.limits
+        lines = []
+        if lim.open_files:
+            lines.append(f"ulimit -n {lim.open_files}")
+        if lim.file_size_mb:
+            lines.append(f"ulimit -f {lim.file_size_mb * 1024}")  # bash: 1 KiB blocks
+        if lim.cpu_time_s:
+            lines.append(f"ulimit -t {lim.cpu_time_s}")
+        return "\n".join([*(f"{x} 2>/dev/null || true" for x in lines), base])
+
+    async def _launch(self) -> None:
+        cfg, lim = self.config, self.config.limits
+        self._workspace = tempfile.mkdtemp(prefix="uniagent-ws-")
+        args = [
+            "instance", "start", "--containall", "--writable-tmpfs",
+            "--bind", f"{self._workspace}:{self.workdir}",
+        ]  # fmt: skip
+        if not cfg.network:
+            args += ["--net", "--network", "none"]
+        if cfg.pull == "always":
+            args.append("--disable-cache")
+        cgroup_flags = []
+        if lim.memory_mb:
+            cgroup_flags += ["--memory", f"{lim.memory_mb}M"]
+        if lim.pids:
+            cgroup_flags += ["--pids-limit", str(lim.pids)]
+        if lim.cpus:
+            cgroup_flags += ["--cpus", f"{lim.cpus:g}"]
+        for key, value in cfg.env.items():
+            args.append(f"--env={key}={value}")
+        args += [*cgroup_flags, *cfg.run_args, self._image_ref, self.name]
+        res = await self._cli(*args, timeout=None)
+        if not res.ok:
+            hint = ""
+            if cgroup_flags and "cgroup" in res.message().lower():
+                hint = (
+                    " (memory/pids/cpus limits need cgroups this user may control; set "
+                    "limits.memory_mb, limits.pids and limits.cpus to null to run without them)"
+                )
+            raise SandboxStartError(
+                f"`apptainer instance start {self._image_ref}` failed: {res.message()}{hint}"
+            )
+
+    async def _stop(self) -> None:
+        try:
+            res = await self._cli("instance", "stop", "--force", self.name)
+            msg = res.message().lower()
+            if not res.ok and "no instance found" not in msg and "not found" not in msg:
+                raise SandboxError(f"could not stop {self._what()}: {res.message()}")
+        finally:
+            if self._workspace:
+                shutil.rmtree(self._workspace, ignore_errors=True)
+                self._workspace = None
