@@ -230,17 +230,26 @@ class TreeMonitor(threading.Thread):
         self.join()
 
     def survivors(self) -> list[str]:
-        """Processes of the tree (not its root) still alive: `name(pid)` each."""
+        """Processes of the tree (not its root) still running: `name(pid)` each. A zombie (dead,
+        waiting for its new parent to reap it) has stopped and is not counted."""
         alive = []
         for pid, (created, name) in self.seen.items():
             if pid == self.root.pid:
                 continue
             try:
-                if psutil.Process(pid).create_time() == created:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
                     alive.append(f"{name}({pid})")
             except psutil.Error:
                 continue
         return alive
+
+    def wait_survivors(self, timeout: float) -> tuple[list[str], float]:
+        """Survivors once none is left or `timeout` passed, and how long that took."""
+        t0 = time.monotonic()
+        while (left := self.survivors()) and time.monotonic() - t0 < timeout:
+            time.sleep(0.25)
+        return left, time.monotonic() - t0
 
 
 def child_spec(out: Path, script: Path, level: int, samples: int, args: argparse.Namespace) -> Path:
@@ -400,7 +409,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     wall = time.monotonic() - t0
     c1 = cpu_times()
     mon.stop()
-    time.sleep(1.0)  # a descendant that outlives the runner by design would show here
+    time.sleep(1.0)  # a descendant that outlives the runner would show here
     after = cgroups_snapshot()
     ctx = {"level": level, "samples": samples, "system": "uniagent", "delay_s": args.delay}
     result_path = out / "child.json"
@@ -544,8 +553,9 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     killed_at = time.monotonic() - t0
     proc.wait()
     mon.stop()
-    time.sleep(2.0)  # --die-with-parent: the kernel kills each sandbox when bwrap's parent dies
-    survivors = mon.survivors()
+    # --die-with-parent: the kernel kills each bwrap when its parent dies, and with it the
+    # sandbox's PID namespace; give that `--survivor-wait` seconds, and say how long it took.
+    survivors, waited = mon.wait_survivors(args.survivor_wait)
     bwrap_left = [s for s in survivors if s.startswith("bwrap")]
     before = store_count(out / "run")
     proc = start_child(spec, out / "child-resume.log", resume=True)
@@ -565,6 +575,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
         "unresolved": len(check["unresolved"]),
         "rewritten": check["rewritten"],
         "survivors": survivors,
+        "tree_gone_after_s": None if survivors else round(waited, 2),
         "bwrap_survivors": bwrap_left,
         "ok": killed
         and not bwrap_left
@@ -578,8 +589,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
 
 
 # -- main ---------------------------------------------------------------------------------------------
-def main() -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,100,1000", help="concurrency levels, comma-separated")
     parser.add_argument("--samples-per-level", type=int, default=None, help="override samples per task")
@@ -592,7 +602,14 @@ def main() -> int:
     parser.add_argument("--kill-resume", action="store_true", help="the kill -9 / --resume check only")
     parser.add_argument("--seed", type=int, default=14, help="kill point seed")
     parser.add_argument("--sample-s", type=float, default=1.0, help="process-tree sampling interval")
+    parser.add_argument("--survivor-wait", type=float, default=10.0, help="after kill -9: wait for the tree")
     parser.add_argument("--set", action="append", default=[], help="extra run config KEY=VALUE")
+    return parser
+
+
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    parser = build_parser()
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-runner-"))

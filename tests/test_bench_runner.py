@@ -1,0 +1,118 @@
+"""bench/runner.py at a tiny size: its scripted workload, a real level (2 starter tasks, concurrency 2,
+no latency) through the real runner child with bubblewrap sandboxes and the verifier, the
+mini-swe-agent peer, and the kill/resume checker on a real run store. The full levels (1, 100,
+1,000) are the bench's job, not a test's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_bwrap
+from uniagent.parsers import get_parser
+from uniagent.runner.store import RunStore, episode_row
+from uniagent.tasks import load_tasks
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scripts do
+
+import runner  # noqa: E402
+
+
+def figures(out: str) -> dict[tuple[str, str], dict]:
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return {(f["figure"], f.get("system", "")): f for f in lines}
+
+
+def test_script_is_ten_turns_eight_explorations_gold_patch_submit():
+    tasks = load_tasks(runner.TASKS)
+    assert len(tasks) == 18
+    parser = get_parser("hermes")
+    for task in tasks:
+        calls = [c for text in runner.script_turns(task) for c in parser.parse(text).calls]
+        assert [c.name for c in calls] == ["bash"] * 9 + ["submit"]
+        assert calls[8].arguments["command"].startswith("git apply <<'UA_EOF'\n")
+        assert task.row["patch"] in calls[8].arguments["command"]
+    assert runner.samples_for(1, 18) == 1 and runner.samples_for(100, 18) == 6
+    assert runner.samples_for(1000, 18) == 56
+
+
+@needs_bwrap
+def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, smol_tokenizer, capsys):
+    # The same SmolLM2 tokenizer, saved as a Hugging Face directory: the runner child loads it in
+    # about a second instead of parsing the GGUF file again (~20 s of this test otherwise).
+    smol_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    argv = [
+        "--tasks",
+        "2",
+        "--delay",
+        "0",
+        "--sample-s",
+        "0.5",
+        "--set",
+        f"model.tokenizer={tmp_path / 'tokenizer'}",
+    ]
+    args = runner.build_parser().parse_args(argv)
+    tasks = load_tasks(runner.TASKS, limit=2)
+    ours = runner.run_level(2, tasks, codec, tmp_path / "level-2", args)
+    assert ours["episodes"] == 2 and ours["resolved"] == 2 and ours["all_resolved"], ours
+    assert ours["exits"] == {"finished": 2}
+    assert ours["turns"] == 20  # ten scripted turns each
+    assert ours["framework_cpu_ms_per_step"] > 0 and 0 < ours["cpu_util"] <= 1
+    assert ours["loop_lag_ms"]["p99"] >= ours["loop_lag_ms"]["p50"] >= 0
+    assert set(ours["episode_median_s"]) >= {"setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s"}
+    assert ours["peak_rss_mb"]["tree_sampled"] > 0
+    assert ours["leftovers"]["processes"] == [] and ours["leftovers"]["tmp"] == []
+    peer = runner.run_peer(2, tasks, tmp_path / "peer-2", args)
+    assert peer["exits"] == {"Submitted": 2} and peer["resolved"] == 2, peer
+    runner.emit_ratio(2, ours, peer)
+    got = figures(capsys.readouterr().out)
+    for name in ("wall_s", "episodes_per_min", "turns_per_s", "framework_cpu_ms_per_step", "cpu_util"):
+        assert got[(name, "uniagent")]["value"] is not None
+        assert got[(name, "mini-swe-agent")]["value"] is not None
+    for name in ("peak_rss_mb", "open_fds_at_end", "loop_lag_ms", "exits", "leftovers", "episode_median_s"):
+        assert (name, "uniagent") in got
+    assert got[("peer_vs_uniagent_wall", "")]["value"] > 0
+
+
+def _put(store: RunStore, iid: str, sample: int, resolved: bool = True) -> None:
+    reward = {"value": float(resolved), "resolved": resolved, "details": {}}
+    result = {"exit_reason": "finished", "trainable": True, "resolved": resolved, "reward": reward}
+    store.put(episode_row(iid, sample, result))
+
+
+def test_kill_resume_checker_finds_duplicates_missing_and_unresolved(tmp_path):
+    expected = {("a", 0), ("a", 1), ("b", 0), ("b", 1)}
+    clean = runner.check_pairs([("a", 0), ("a", 1), ("b", 0), ("b", 1)], expected)
+    assert clean["duplicates"] == clean["missing"] == clean["unexpected"] == []
+    bad = runner.check_pairs([("a", 0), ("a", 0), ("b", 1), ("c", 0)], expected, {("b", 1)})
+    assert bad["duplicates"] == ["a#0"]
+    assert bad["missing"] == ["a#1", "b#0"]
+    assert bad["unexpected"] == ["c#0"]
+    assert bad["unresolved"] == ["b#1"]
+
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir / "run.db")
+    _put(store, "a", 0)
+    _put(store, "a", 1)
+    _put(store, "b", 0, resolved=False)
+    _put(store, "a", 1)  # stored again over itself: what a resumed run must never do to a done pair
+    store.close()
+    rows = [{"instance_id": i, "sample": s} for i, s in [("a", 0), ("a", 1), ("a", 1)]]
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    check = runner.check_run(run_dir, expected)
+    assert check["stored"] == 3
+    assert check["missing"] == ["b#1"]
+    assert check["unresolved"] == ["b#0"]
+    assert check["rewritten"] == ["a#1"]
+    assert check["export_duplicates"] == ["a#1"]
+    assert check["export_missing"] == ["b#0", "b#1"]
+
+
+@pytest.mark.parametrize("level,tasks,samples", [(1, 18, 1), (100, 18, 6), (1000, 18, 56)])
+def test_levels_match_the_issue_table(level, tasks, samples):
+    assert runner.samples_for(level, tasks) * tasks == {1: 18, 100: 108, 1000: 1008}[level]
+    assert samples == runner.samples_for(level, tasks)
