@@ -65,6 +65,8 @@ bench: setup llama-server
 	$(PY) bench/gateway.py
 	$(PY) bench/remote.py
 	$(PY) bench/mismatch.py
+	$(PY) bench/runner.py
+	$(PY) bench/runner.py --kill-resume --no-peer
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
