@@ -120,3 +120,46 @@ def test_workspace_cache_is_removed_at_close_and_a_dead_process_cache_is_swept(t
     assert cache.root.is_dir() and not dead.exists()
     cache.close()
     assert not cache.root.exists()
+
+
+@needs_bwrap
+def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
+    tmp_path: Path, codec, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Serialising and committing a finished episode runs in a worker thread, not on the event
+    loop, and subprocesses are waited for with pidfds, not one waitpid thread each."""
+    import asyncio
+    import sys
+    import threading
+
+    from run_helpers import write_replay
+    from uniagent.runner import RunStore, build_config
+    from uniagent.runner.pidfd import LoopPidfdWatcher
+    from uniagent.runner.run import Runner
+    from uniagent.tasks import load_tasks
+
+    tasks = load_tasks("builtin:starter")[:3]
+    replay = write_replay(tmp_path / "replay.jsonl", codec, tasks)
+    ids = ",".join(t.instance_id for t in tasks)
+    cfg = build_config(
+        None,
+        [f"model.spec=replay:{replay}", f"tasks.ids=[{ids}]", f"runner.output={tmp_path / 'run'}"],
+    )
+    threads: list[str] = []
+    real_put = RunStore.put
+
+    def put(self: RunStore, row: dict[str, Any]) -> None:
+        threads.append(threading.current_thread().name)
+        real_put(self, row)
+
+    monkeypatch.setattr(RunStore, "put", put)
+    before = asyncio.get_child_watcher() if sys.version_info < (3, 12) else None
+    try:
+        summary = asyncio.run(Runner(cfg).run())
+        if sys.version_info < (3, 12) and hasattr(os, "pidfd_open"):
+            assert isinstance(asyncio.get_child_watcher(), LoopPidfdWatcher)
+    finally:
+        if before is not None:
+            asyncio.set_child_watcher(before)
+    assert summary["episodes"] == 3 and summary["resolved"] == 3
+    assert len(threads) == 3 and "MainThread" not in threads, threads

@@ -24,6 +24,7 @@ from uniagent.errors import ConfigError, RunStoppedError
 from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
 from uniagent.runner.guard import InfraGuard, preflight
+from uniagent.runner.pidfd import use_pidfd_child_watcher
 from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.runner.summary import export
@@ -146,6 +147,7 @@ class Runner:
 
     async def _run_local(self, todo: list[tuple[Task, int]], store: RunStore) -> None:
         cfg = self.config
+        use_pidfd_child_watcher()
         Sandbox.set_start_concurrency(cfg.runner.sandbox_start_concurrency)
         factory = ModelFactory(cfg.model)
         await factory.start()
@@ -161,9 +163,14 @@ class Runner:
                     result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
                 else:
                     result = await run_episode(task, model, cfg.agent, cfg.sandbox)
-                # Token-level redaction decodes whole trajectories: off the event loop.
-                clean = await asyncio.to_thread(self.redactor.result, result.to_dict())
-                self._record(store, task.instance_id, sample, clean, factory.trainable, redacted=True)
+                # Serialising, redacting (token-level redaction decodes whole trajectories) and
+                # committing an episode are CPU and disk work: off the event loop.
+                iid, trainable = task.instance_id, factory.trainable
+                row = await asyncio.to_thread(
+                    lambda: self._store_row(store, iid, sample, result.to_dict(), trainable)
+                )
+                if row is not None:
+                    self._count(row)
 
         try:
             if cfg.runner.preflight:
@@ -185,16 +192,29 @@ class Runner:
         sample: int,
         result: dict[str, Any],
         trainable_model: bool = True,
-        redacted: bool = False,
     ) -> None:
+        """Store and count one episode (the Ray backend's callback, on the event loop)."""
+        row = self._store_row(store, instance_id, sample, result, trainable_model)
+        if row is not None:
+            self._count(row)
+
+    def _store_row(
+        self, store: RunStore, instance_id: str, sample: int, result: dict[str, Any], trainable_model: bool
+    ) -> dict[str, Any] | None:
+        """Redact and commit one finished episode; the stored row, or None when it is not stored.
+        Thread-safe (the store serialises its writes): the local runner calls it off the loop."""
         if result["exit_reason"] == ExitReason.CANCELLED.value:
-            return  # not stored: a resumed run does it again
+            return None  # not stored: a resumed run does it again
         if not trainable_model:  # text-only endpoints give no token record to train on
             if result["trainable"]:
                 result["metrics"].update(text_only_model=True, untrainable_reason="text_only_model")
             result["trainable"] = False
-        row = episode_row(instance_id, sample, result if redacted else self.redactor.result(result))
+        row = episode_row(instance_id, sample, self.redactor.result(result))
         store.put(row)
+        return row
+
+    def _count(self, row: dict[str, Any]) -> None:
+        """Progress and the infrastructure guard, on the event loop."""
         p = self.progress
         if p is not None:
             p.done += 1
