@@ -258,7 +258,7 @@ class LocalSandbox(PipeShellSandbox):
             await asyncio.to_thread(self._cgroup.kill_all)
             await asyncio.to_thread(self._cgroup.remove)
         if self._ctl is not None:
-            shutil.rmtree(self._ctl, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._ctl, True)  # not on the event loop
         if self._own_workspace and self.workspace is not None and not self.config.keep_workspace:
             await asyncio.to_thread(shutil.rmtree, self.workspace, True)
 
