@@ -23,7 +23,7 @@ is real. Figures per level, one JSON object per line on stdout (logs on stderr):
 * ``cpu_util``: machine-wide busy fraction of all cores from /proc/stat over the run (with user/sys
   seconds): the machine may be shared, so run it on an idle one;
 * ``peak_rss_mb`` of the runner process (its ru_maxrss) and of its whole process tree (sampled with
-  psutil every `--sample-s` seconds);
+  psutil every `--sample-s` seconds; ``monitor_cpu_s`` is what that sampling cost, inside cpu_util);
 * ``open_fds_at_end`` of the runner (after its run returned) and ``leftovers``: descendants still
   alive after it exited, `uniagent-*` cgroups and /tmp entries that were not there before;
 * ``loop_lag_ms`` p50/p99 (a coroutine in the runner that sleeps 50 ms and records how late it wakes);
@@ -63,18 +63,22 @@ import random
 import shlex
 import shutil
 import signal
-import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from runner_probe import (
+    TreeMonitor,
+    cgroups_snapshot,
+    check_run,
+    cpu_times,
+    level_figures,
+    store_count,
+    store_rows,
+)
 from uniagent.models.base import Generation
 from uniagent.models.replay import ReplayRecord, save_records
 from uniagent.parsers import get_parser
@@ -96,13 +100,6 @@ log = logging.getLogger("bench.runner")
 
 def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
     print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 # -- the workload ---------------------------------------------------------------------------------
@@ -165,93 +162,6 @@ def samples_for(level: int, n_tasks: int) -> int:
     return max(1, math.ceil(level / n_tasks))
 
 
-# -- measuring a child from outside ---------------------------------------------------------------
-def cpu_times() -> tuple[float, float, float, float]:
-    """Machine-wide (user, system, busy, total) seconds summed over cores, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
-    user, nice, system, idle, iowait = fields[:5]
-    total = sum(fields[:8])  # guest time is already in user
-    busy = total - idle - iowait
-    return (user + nice) / tick, system / tick, busy / tick, total / tick
-
-
-def cgroups_snapshot() -> set[str]:
-    """cgroups named uniagent-* (machine-wide: on a shared machine another run's show up too)."""
-    cgroups: set[str] = set()
-    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
-        if root.count("/") > 7:
-            dirs[:] = []
-            continue
-        cgroups.update(os.path.join(root, d) for d in dirs if d.startswith("uniagent-"))
-    return cgroups
-
-
-class TreeMonitor(threading.Thread):
-    """Samples a process tree: peak RSS of the root and of the whole tree, every pid seen (with its
-    start time, so a reused pid is not mistaken for a survivor)."""
-
-    def __init__(self, pid: int, interval: float) -> None:
-        super().__init__(daemon=True)
-        self.root = psutil.Process(pid)
-        self.interval = interval
-        self.peak_root = 0
-        self.peak_tree = 0
-        self.peak_procs = 0
-        self.seen: dict[int, tuple[float, str]] = {}
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.sample()
-            self._halt.wait(self.interval)
-
-    def sample(self) -> None:
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return
-        tree = 0
-        for p in procs:
-            try:
-                rss = p.memory_info().rss
-                if p.pid not in self.seen:
-                    self.seen[p.pid] = (p.create_time(), p.name())
-            except psutil.Error:
-                continue
-            tree += rss
-            if p.pid == self.root.pid:
-                self.peak_root = max(self.peak_root, rss)
-        self.peak_tree = max(self.peak_tree, tree)
-        self.peak_procs = max(self.peak_procs, len(procs))
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-    def survivors(self) -> list[str]:
-        """Processes of the tree (not its root) still running: `name(pid)` each. A zombie (dead,
-        waiting for its new parent to reap it) has stopped and is not counted."""
-        alive = []
-        for pid, (created, name) in self.seen.items():
-            if pid == self.root.pid:
-                continue
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(f"{name}({pid})")
-            except psutil.Error:
-                continue
-        return alive
-
-    def wait_survivors(self, timeout: float) -> tuple[list[str], float]:
-        """Survivors once none is left or `timeout` passed, and how long that took."""
-        t0 = time.monotonic()
-        while (left := self.survivors()) and time.monotonic() - t0 < timeout:
-            time.sleep(0.25)
-        return left, time.monotonic() - t0
-
-
 def child_spec(out: Path, script: Path, level: int, samples: int, args: argparse.Namespace) -> Path:
     spec = {
         "flags": {
@@ -292,108 +202,6 @@ def spawn(script: str, spec: Path, log_path: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def store_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "run.db"
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.execute("PRAGMA busy_timeout=10000")
-    conn.row_factory = sqlite3.Row
-    try:
-        sql = "SELECT instance_id, sample, exit_reason, resolved, turns, timings, attempts FROM episodes"
-        return [dict(r) for r in conn.execute(sql)]
-    finally:
-        conn.close()
-
-
-def store_count(run_dir: Path) -> int:
-    try:
-        conn = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True)
-        try:
-            return int(conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0])
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
-
-
-def check_pairs(
-    pairs: list[tuple[str, int]],
-    expected: set[tuple[str, int]],
-    unresolved: set[tuple[str, int]] = frozenset(),
-) -> dict[str, Any]:
-    """Every expected pair present exactly once: duplicates, missing and unexpected pairs."""
-    counts = collections.Counter(pairs)
-    return {
-        "stored": len(pairs),
-        "duplicates": sorted(f"{i}#{s}" for (i, s), n in counts.items() if n > 1),
-        "missing": sorted(f"{i}#{s}" for i, s in expected - set(counts)),
-        "unexpected": sorted(f"{i}#{s}" for i, s in set(counts) - expected),
-        "unresolved": sorted(f"{i}#{s}" for i, s in unresolved),
-    }
-
-
-def check_run(run_dir: Path, expected: set[tuple[str, int]]) -> dict[str, Any]:
-    """`check_pairs` on the store and on its export (results.jsonl), plus pairs stored twice (a
-    store row whose `attempts` > 1: written again over an earlier row)."""
-    rows = store_rows(run_dir)
-    unresolved = {(r["instance_id"], r["sample"]) for r in rows if not r["resolved"]}
-    out = check_pairs([(r["instance_id"], r["sample"]) for r in rows], expected, unresolved)
-    out["rewritten"] = sorted(f"{r['instance_id']}#{r['sample']}" for r in rows if r["attempts"] > 1)
-    results = run_dir / "results.jsonl"
-    if results.exists():
-        lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
-        exported = check_pairs([(r["instance_id"], r["sample"]) for r in lines], expected)
-        out["export_duplicates"], out["export_missing"] = exported["duplicates"], exported["missing"]
-    return out
-
-
-def level_figures(
-    rows: list[dict[str, Any]], child: dict[str, Any], wall: float, cpu: dict[str, float]
-) -> dict[str, Any]:
-    """The per-level figures from the store rows, the child's own report and the machine's CPU."""
-    n = len(rows)
-    turns = sum(r["turns"] for r in rows)
-    startup_cpu = child["startup_user_s"] + child["startup_sys_s"]
-    own_cpu = child["user_s"] + child["sys_s"] - startup_cpu
-    run_wall = wall - child["startup_wall_s"]
-    timings = [json.loads(r["timings"]) if isinstance(r["timings"], str) else r["timings"] for r in rows]
-    medians = {
-        key: round(statistics.median(t[key] for t in timings if key in t), 3)
-        for key in ("setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s", "episode_s")
-        if any(key in t for t in timings)
-    }
-    lags = child.get("lag_s") or []
-    return {
-        "episodes": n,
-        "wall_s": round(wall, 2),
-        "episodes_per_min": round(n / wall * 60, 2) if wall else 0.0,
-        "turns_per_s": round(turns / wall, 2) if wall else 0.0,
-        "turns": turns,
-        "startup_s": {"wall": round(child["startup_wall_s"], 2), "cpu": round(startup_cpu, 2)},
-        "episodes_per_min_after_startup": round(n / run_wall * 60, 2) if run_wall > 0 else 0.0,
-        "framework_cpu_ms_per_step": round((own_cpu - child["grade_cpu_s"]) / max(turns, 1) * 1e3, 2),
-        "runner_cpu_s": {
-            "user": round(child["user_s"] - child["startup_user_s"], 2),
-            "sys": round(child["sys_s"] - child["startup_sys_s"], 2),
-        },
-        "verifier_parse_cpu_s": round(child["grade_cpu_s"], 2),
-        "children_cpu_s": round(child["children_user_s"] + child["children_sys_s"], 2),
-        "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,
-        "machine_cpu_s": {"user": round(cpu["user"], 1), "sys": round(cpu["sys"], 1)},
-        "loop_lag_ms": {
-            "p50": round(percentile(lags, 50) * 1e3, 2),
-            "p99": round(percentile(lags, 99) * 1e3, 2),
-            "max": round(max(lags, default=0.0) * 1e3, 2),
-        },
-        "exits": dict(collections.Counter(r["exit_reason"] for r in rows)),
-        "resolved": sum(bool(r["resolved"]) for r in rows),
-        "episode_median_s": medians,
-        "open_fds_at_end": child["open_fds"],
-        "threads_at_end": child["threads"],
-    }
-
-
 def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: argparse.Namespace) -> dict:
     """One level of the runner, measured; the figures emitted and returned."""
     samples = args.samples_per_level or samples_for(level, len(tasks))
@@ -402,6 +210,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     spec = child_spec(out, script, level, samples, args)
     before = cgroups_snapshot()
     c0, t0 = cpu_times(), time.monotonic()
+    me0 = time.process_time()
     proc = start_child(spec, out / "child.log")
     mon = TreeMonitor(proc.pid, args.sample_s)
     mon.start()
@@ -409,6 +218,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     wall = time.monotonic() - t0
     c1 = cpu_times()
     mon.stop()
+    monitor_cpu = time.process_time() - me0
     time.sleep(1.0)  # a descendant that outlives the runner would show here
     after = cgroups_snapshot()
     ctx = {"level": level, "samples": samples, "system": "uniagent", "delay_s": args.delay}
@@ -430,6 +240,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
         "tree_sampled": round(mon.peak_tree / 2**20, 1),
     }
     figs["peak_processes"] = mon.peak_procs
+    figs["monitor_cpu_s"] = round(monitor_cpu, 2)  # this process's sampling, inside cpu_util
     figs["leftovers"] = {
         "processes": mon.survivors(),
         "cgroups": len(after - before),  # machine-wide: another run's count on a shared machine
@@ -493,6 +304,7 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
         "framework_cpu_ms_per_step": round(
             (peer["user_s"] + peer["sys_s"] - peer["startup_cpu_s"]) / max(peer["turns"], 1) * 1e3, 2
         ),
+        "children_cpu_s": round(peer["children_cpu_s"], 2),
         "cpu_util": round((c1[2] - c0[2]) / (c1[3] - c0[3]), 3),
         "peak_rss_mb": {
             "runner": round(peer["maxrss_kb"] / 1024, 1),
@@ -558,6 +370,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     survivors, waited = mon.wait_survivors(args.survivor_wait)
     bwrap_left = [s for s in survivors if s.startswith("bwrap")]
     before = store_count(out / "run")
+    tmp_after_kill = len(list((out / "tmp").iterdir()))
     proc = start_child(spec, out / "child-resume.log", resume=True)
     proc.wait()
     expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
@@ -576,6 +389,9 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
         "rewritten": check["rewritten"],
         "survivors": survivors,
         "tree_gone_after_s": None if survivors else round(waited, 2),
+        # host-side temp dirs of the sandboxes that were running (kill -9 runs no cleanup)
+        "tmp_entries_after_kill": tmp_after_kill,
+        "tmp_entries_after_resume": len(list((out / "tmp").iterdir())),
         "bwrap_survivors": bwrap_left,
         "ok": killed
         and not bwrap_left
@@ -601,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep", type=Path, default=None, help="output dir, kept (default: a temp dir)")
     parser.add_argument("--kill-resume", action="store_true", help="the kill -9 / --resume check only")
     parser.add_argument("--seed", type=int, default=14, help="kill point seed")
-    parser.add_argument("--sample-s", type=float, default=1.0, help="process-tree sampling interval")
+    parser.add_argument("--sample-s", type=float, default=2.0, help="process-tree sampling interval")
     parser.add_argument("--survivor-wait", type=float, default=10.0, help="after kill -9: wait for the tree")
     parser.add_argument("--set", action="append", default=[], help="extra run config KEY=VALUE")
     return parser

@@ -148,13 +148,14 @@ def main(spec_path: str) -> int:
         futures = [pool.submit(run_episode, t, s, config, spec, pm) for t, s in jobs]
         episodes = [f.result() for f in futures]
     wall = time.monotonic() - t0
-    me = resource.getrusage(resource.RUSAGE_SELF)
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {
         "wall_s": wall,
         "episodes": episodes,
         "turns": sum(e["turns"] for e in episodes),
         "user_s": me.ru_utime,
         "sys_s": me.ru_stime,
+        "children_cpu_s": kids.ru_utime + kids.ru_stime,
         "maxrss_kb": peak_rss_kb(),
         "startup_cpu_s": boot.ru_utime + boot.ru_stime,
         "startup_wall_s": t0 - STARTED,

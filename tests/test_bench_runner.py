@@ -20,6 +20,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scripts do
 
 import runner  # noqa: E402
+import runner_probe  # noqa: E402
 
 
 def figures(out: str) -> dict[tuple[str, str], dict]:
@@ -86,9 +87,9 @@ def _put(store: RunStore, iid: str, sample: int, resolved: bool = True) -> None:
 
 def test_kill_resume_checker_finds_duplicates_missing_and_unresolved(tmp_path):
     expected = {("a", 0), ("a", 1), ("b", 0), ("b", 1)}
-    clean = runner.check_pairs([("a", 0), ("a", 1), ("b", 0), ("b", 1)], expected)
+    clean = runner_probe.check_pairs([("a", 0), ("a", 1), ("b", 0), ("b", 1)], expected)
     assert clean["duplicates"] == clean["missing"] == clean["unexpected"] == []
-    bad = runner.check_pairs([("a", 0), ("a", 0), ("b", 1), ("c", 0)], expected, {("b", 1)})
+    bad = runner_probe.check_pairs([("a", 0), ("a", 0), ("b", 1), ("c", 0)], expected, {("b", 1)})
     assert bad["duplicates"] == ["a#0"]
     assert bad["missing"] == ["a#1", "b#0"]
     assert bad["unexpected"] == ["c#0"]
@@ -103,7 +104,7 @@ def test_kill_resume_checker_finds_duplicates_missing_and_unresolved(tmp_path):
     store.close()
     rows = [{"instance_id": i, "sample": s} for i, s in [("a", 0), ("a", 1), ("a", 1)]]
     (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    check = runner.check_run(run_dir, expected)
+    check = runner_probe.check_run(run_dir, expected)
     assert check["stored"] == 3
     assert check["missing"] == ["b#1"]
     assert check["unresolved"] == ["b#0"]

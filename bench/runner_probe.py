@@ -1,0 +1,216 @@
+"""What bench/runner.py measures from outside a child process, and its checks of a run store.
+
+Machine-wide CPU from /proc/stat, `uniagent-*` cgroups, a sampler of a process tree (peak RSS of
+the root and of the tree, every pid seen, so survivors can be found after the root exits), and the
+store checks of the kill -9 / --resume test: every (instance, sample) pair stored exactly once,
+in the store and in its export, and resolved.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sqlite3
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def cpu_times() -> tuple[float, float, float, float]:
+    """Machine-wide (user, system, busy, total) seconds summed over cores, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait = fields[:5]
+    total = sum(fields[:8])  # guest time is already in user
+    busy = total - idle - iowait
+    return (user + nice) / tick, system / tick, busy / tick, total / tick
+
+
+def cgroups_snapshot() -> set[str]:
+    """cgroups named uniagent-* (machine-wide: on a shared machine another run's show up too)."""
+    cgroups: set[str] = set()
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if root.count("/") > 7:
+            dirs[:] = []
+            continue
+        cgroups.update(os.path.join(root, d) for d in dirs if d.startswith("uniagent-"))
+    return cgroups
+
+
+class TreeMonitor(threading.Thread):
+    """Samples a process tree: peak RSS of the root and of the whole tree, every pid seen (with its
+    start time, so a reused pid is not mistaken for a survivor)."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peak_root = 0
+        self.peak_tree = 0
+        self.peak_procs = 0
+        self.seen: dict[int, tuple[float, str]] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def sample(self) -> None:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return
+        tree = 0
+        for p in procs:
+            try:
+                rss = p.memory_info().rss
+                if p.pid not in self.seen:
+                    self.seen[p.pid] = (p.create_time(), p.name())
+            except psutil.Error:
+                continue
+            tree += rss
+            if p.pid == self.root.pid:
+                self.peak_root = max(self.peak_root, rss)
+        self.peak_tree = max(self.peak_tree, tree)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def survivors(self) -> list[str]:
+        """Processes of the tree (not its root) still running: `name(pid)` each. A zombie (dead,
+        waiting for its new parent to reap it) has stopped and is not counted."""
+        alive = []
+        for pid, (created, name) in self.seen.items():
+            if pid == self.root.pid:
+                continue
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{name}({pid})")
+            except psutil.Error:
+                continue
+        return alive
+
+    def wait_survivors(self, timeout: float) -> tuple[list[str], float]:
+        """Survivors once none is left or `timeout` passed, and how long that took."""
+        t0 = time.monotonic()
+        while (left := self.survivors()) and time.monotonic() - t0 < timeout:
+            time.sleep(0.25)
+        return left, time.monotonic() - t0
+
+
+def store_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "run.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.execute("PRAGMA busy_timeout=10000")
+    conn.row_factory = sqlite3.Row
+    try:
+        sql = "SELECT instance_id, sample, exit_reason, resolved, turns, timings, attempts FROM episodes"
+        return [dict(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def store_count(run_dir: Path) -> int:
+    try:
+        conn = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM episodes").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def check_pairs(
+    pairs: list[tuple[str, int]],
+    expected: set[tuple[str, int]],
+    unresolved: set[tuple[str, int]] = frozenset(),
+) -> dict[str, Any]:
+    """Every expected pair present exactly once: duplicates, missing and unexpected pairs."""
+    counts = collections.Counter(pairs)
+    return {
+        "stored": len(pairs),
+        "duplicates": sorted(f"{i}#{s}" for (i, s), n in counts.items() if n > 1),
+        "missing": sorted(f"{i}#{s}" for i, s in expected - set(counts)),
+        "unexpected": sorted(f"{i}#{s}" for i, s in set(counts) - expected),
+        "unresolved": sorted(f"{i}#{s}" for i, s in unresolved),
+    }
+
+
+def check_run(run_dir: Path, expected: set[tuple[str, int]]) -> dict[str, Any]:
+    """`check_pairs` on the store and on its export (results.jsonl), plus pairs stored twice (a
+    store row whose `attempts` > 1: written again over an earlier row)."""
+    rows = store_rows(run_dir)
+    unresolved = {(r["instance_id"], r["sample"]) for r in rows if not r["resolved"]}
+    out = check_pairs([(r["instance_id"], r["sample"]) for r in rows], expected, unresolved)
+    out["rewritten"] = sorted(f"{r['instance_id']}#{r['sample']}" for r in rows if r["attempts"] > 1)
+    results = run_dir / "results.jsonl"
+    if results.exists():
+        lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+        exported = check_pairs([(r["instance_id"], r["sample"]) for r in lines], expected)
+        out["export_duplicates"], out["export_missing"] = exported["duplicates"], exported["missing"]
+    return out
+
+
+def level_figures(
+    rows: list[dict[str, Any]], child: dict[str, Any], wall: float, cpu: dict[str, float]
+) -> dict[str, Any]:
+    """The per-level figures from the store rows, the child's own report and the machine's CPU."""
+    n = len(rows)
+    turns = sum(r["turns"] for r in rows)
+    startup_cpu = child["startup_user_s"] + child["startup_sys_s"]
+    own_cpu = child["user_s"] + child["sys_s"] - startup_cpu
+    run_wall = wall - child["startup_wall_s"]
+    timings = [json.loads(r["timings"]) if isinstance(r["timings"], str) else r["timings"] for r in rows]
+    medians = {
+        key: round(statistics.median(t[key] for t in timings if key in t), 3)
+        for key in ("setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s", "episode_s")
+        if any(key in t for t in timings)
+    }
+    lags = child.get("lag_s") or []
+    return {
+        "episodes": n,
+        "wall_s": round(wall, 2),
+        "episodes_per_min": round(n / wall * 60, 2) if wall else 0.0,
+        "turns_per_s": round(turns / wall, 2) if wall else 0.0,
+        "turns": turns,
+        "startup_s": {"wall": round(child["startup_wall_s"], 2), "cpu": round(startup_cpu, 2)},
+        "episodes_per_min_after_startup": round(n / run_wall * 60, 2) if run_wall > 0 else 0.0,
+        "framework_cpu_ms_per_step": round((own_cpu - child["grade_cpu_s"]) / max(turns, 1) * 1e3, 2),
+        "runner_cpu_s": {
+            "user": round(child["user_s"] - child["startup_user_s"], 2),
+            "sys": round(child["sys_s"] - child["startup_sys_s"], 2),
+        },
+        "verifier_parse_cpu_s": round(child["grade_cpu_s"], 2),
+        "children_cpu_s": round(child["children_user_s"] + child["children_sys_s"], 2),
+        "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,
+        "machine_cpu_s": {"user": round(cpu["user"], 1), "sys": round(cpu["sys"], 1)},
+        "loop_lag_ms": {
+            "p50": round(percentile(lags, 50) * 1e3, 2),
+            "p99": round(percentile(lags, 99) * 1e3, 2),
+            "max": round(max(lags, default=0.0) * 1e3, 2),
+        },
+        "exits": dict(collections.Counter(r["exit_reason"] for r in rows)),
+        "resolved": sum(bool(r["resolved"]) for r in rows),
+        "episode_median_s": medians,
+        "open_fds_at_end": child["open_fds"],
+        "threads_at_end": child["threads"],
+    }
