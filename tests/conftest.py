@@ -112,8 +112,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = leftovers.settle(marker) if marker else []
     _SESSION["left"] = [leftovers.describe(p) for p in left]
     leftovers.kill(left)
-    before = _SESSION.get("cgroups", set())
-    _SESSION["new_cgroups"] = sorted(leftovers.sandbox_cgroups() - before)  # type: ignore[operator]
+    _SESSION["new_cgroups"] = leftovers.leaked_cgroups(_SESSION.get("cgroups", set()))  # type: ignore[arg-type]
     if CI and (missing_groups() or left) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -131,8 +130,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     cgroups = _SESSION.get("new_cgroups") or []
     if cgroups:
         terminalreporter.write_line(
-            f"sandbox cgroups created during the session and still there ({len(cgroups)}; another "  # type: ignore[arg-type]
-            "process on this machine may own some): " + ", ".join(cgroups[:5]),  # type: ignore[index]
+            f"sandbox cgroups left with processes inside by a controller that is gone ({len(cgroups)}): "  # type: ignore[arg-type]
+            + ", ".join(cgroups[:5]),  # type: ignore[index]
             yellow=True,
         )
 

@@ -6,7 +6,7 @@ environment block, and an exec keeps the environment unless it is scrubbed. So a
 found even after it was reparented to init, and processes of other sessions, benchmarks or
 users on the same machine are never taken for ours. Children of this process count too, with
 or without the marker. Sandbox cgroups (`uniagent-*`) that appeared during the session and are
-still there are reported beside them.
+still there, with their owner gone, are reported beside them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-from uniagent.sandbox import procs
+from uniagent.sandbox import cgroups, procs
 
 MARKER = "UNIAGENT_TEST_SESSION"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -81,6 +81,24 @@ def settle(value: str, wait_s: float = 3.0) -> list[int]:
 
 def kill(pids: list[int]) -> None:
     procs.signal_pids(pids, signal.SIGKILL)
+
+
+def leaked_cgroups(before: set[str]) -> list[str]:
+    """Sandbox cgroups made during the session whose owner process is gone and that could not
+    be removed (a process is still inside). Empty ones are removed first, as the next sandbox
+    start would (`reap_orphans`); those of live owners (another run on this machine) are not
+    leaks."""
+    cgroups.reap_orphans()
+    out = []
+    for path in sorted(sandbox_cgroups() - before):
+        pid = cgroups.owner_pid(Path(path).name)
+        try:
+            inside = (Path(path) / "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        if pid is not None and not procs.alive(pid) and inside:
+            out.append(path)
+    return out
 
 
 def sandbox_cgroups() -> set[str]:

@@ -8,6 +8,7 @@ to hang forever in asyncio's own cleanup, and a cancelled start or setup leaked 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import needs_bwrap
+from conftest import needs_bwrap, require
 from uniagent import sandbox
 from uniagent.agent import EpisodeResult, ExitReason
 from uniagent.models.base import ChatModel
@@ -250,3 +251,30 @@ def test_controller_killed_mid_start_leaves_no_sandbox(tmp_path: Path) -> None:
 
 def _kill_all_with_arg(arg: str) -> None:
     procs.signal_pids(_pids_with_arg(arg), signal.SIGKILL)
+
+
+def test_cgroups_of_a_killed_controller_are_removed_by_the_next_one() -> None:
+    # A controller killed with -9 never removes its sandboxes' cgroups; the owner's pid in their
+    # names lets the next process that makes one remove those left empty.
+    from uniagent.sandbox import cgroups
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    v2 = (cgroups.ROOT / "cgroup.controllers").exists()
+    base = cgroups._base("" if v2 else "pids")
+    made = {}
+    for kind, name in (("dead", f"uniagent-{dead.pid}-aaaa"), ("mine", cgroups.cgroup_name("bbbb"))):
+        try:
+            (base / name).mkdir()
+        except OSError as exc:
+            require("a cgroup this user may create", False, f"{base}: {exc}")
+        made[kind] = base / name
+    try:
+        removed = cgroups.reap_orphans()
+        assert made["dead"] in removed and not made["dead"].exists()
+        assert made["mine"].exists() and made["mine"] not in removed
+        assert cgroups.owner_pid(made["mine"].name) == os.getpid()
+    finally:
+        for d in made.values():
+            with contextlib.suppress(OSError):
+                d.rmdir()

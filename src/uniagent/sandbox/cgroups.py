@@ -31,10 +31,68 @@ def _own_path(controller: str) -> str:
     return "/"
 
 
+def _base(controller: str) -> Path:
+    """Where this process makes its sandboxes' cgroups for a v1 controller ('' : v2)."""
+    if controller:
+        return ROOT / controller / _own_path(controller).lstrip("/")
+    return ROOT / _own_path("").lstrip("/")
+
+
+def cgroup_name(sandbox_id: str) -> str:
+    """`uniagent-<owner pid>-<id>`: the owner's pid lets a later process remove what one that was
+    killed (-9, so it never stopped its sandboxes) left behind; see `reap_orphans`."""
+    return f"uniagent-{os.getpid()}-{sandbox_id}"
+
+
+def owner_pid(name: str) -> int | None:
+    parts = name.split("-")
+    return int(parts[1]) if len(parts) == 3 and parts[0] == "uniagent" and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def reap_orphans() -> list[Path]:
+    """Remove the empty sandbox cgroups whose owner process is gone. A cgroup that still holds a
+    process cannot be removed (rmdir fails) and is left alone; so are those of live owners."""
+    removed: list[Path] = []
+    v2 = (ROOT / "cgroup.controllers").exists()
+    for ctrl in ("",) if v2 else ("memory", "pids", "cpu"):
+        try:
+            found = list(_base(ctrl).glob("uniagent-*"))
+        except OSError:
+            continue
+        for d in found:
+            pid = owner_pid(d.name)
+            if pid is None or pid == os.getpid() or _alive(pid):
+                continue
+            with contextlib.suppress(OSError):
+                d.rmdir()
+                removed.append(d)
+    return removed
+
+
+_reaped = False
+
+
 class SandboxCgroup:
-    """One cgroup per controller for one sandbox; `procs_files` are what a child joins."""
+    """One cgroup per controller for one sandbox; `procs_files` are what a child joins.
+
+    The first one a process makes also removes what killed controllers left (`reap_orphans`).
+    """
 
     def __init__(self, name: str, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        global _reaped
+        if not _reaped:
+            _reaped = True
+            reap_orphans()
         self.name = name
         self.dirs: list[Path] = []
         self.applied: list[str] = []
@@ -66,7 +124,7 @@ class SandboxCgroup:
         for ctrl, value in wants.items():
             if value is None:
                 continue
-            d = self._mk(ROOT / ctrl / _own_path(ctrl).lstrip("/"))
+            d = self._mk(_base(ctrl))
             ok = d is not None
             if d is not None and ctrl == "memory":
                 ok = self._write(d / "memory.limit_in_bytes", str(int(value) << 20))
@@ -79,7 +137,7 @@ class SandboxCgroup:
             (self.applied if ok else self.missing).append(ctrl)
 
     def _setup_v2(self, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
-        d = self._mk(ROOT / _own_path("").lstrip("/"))
+        d = self._mk(_base(""))
         for ctrl, fname, value in (
             ("memory", "memory.max", None if memory_mb is None else str(int(memory_mb) << 20)),
             ("pids", "pids.max", None if pids is None else str(int(pids))),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox import procs
-from uniagent.sandbox.cgroups import SandboxCgroup
+from uniagent.sandbox.cgroups import SandboxCgroup, cgroup_name
 from uniagent.sandbox.config import LocalConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import quote
@@ -104,7 +104,7 @@ class LocalSandbox(PipeShellSandbox):
         self._ctl = Path(tempfile.mkdtemp(prefix="uniagent-ctl-"))
         (self._ctl / "bin").mkdir()
         lim = cfg.limits
-        self._cgroup = SandboxCgroup(f"uniagent-{self.id}", lim.memory_mb, lim.pids, lim.cpus)
+        self._cgroup = SandboxCgroup(cgroup_name(self.id), lim.memory_mb, lim.pids, lim.cpus)
         if self._cgroup.missing:
             _warn_once(
                 "cgroup",
