@@ -369,3 +369,30 @@ def test_dequantized_gguf_is_kept_and_loads_the_same_weights(smol_engine, smol_s
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, smol_engine.model(ids).logits)
+
+
+def test_gguf_tokenizer_is_kept_and_encodes_the_same(smol_source, tmp_path, monkeypatch):
+    """The tokenizer read from the GGUF (transformers' slow Python reader) is kept once; a later
+    load reads the copy in well under the reader's time and tokenizes and templates identically."""
+    from uniagent.models.loading import dequantized_dir, load_tokenizer
+
+    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path))
+    load_tokenizer.cache_clear()
+    try:
+        from_gguf = load_tokenizer(smol_source)  # reads the GGUF (~23 s on 2 cores), keeps the copy
+        cached = dequantized_dir(smol_source, "tokenizer")
+        assert cached is not None and (cached / "tokenizer_config.json").is_file()
+        load_tokenizer.cache_clear()
+        started = time.perf_counter()
+        kept = load_tokenizer(smol_source)
+        assert time.perf_counter() - started < 8
+    finally:
+        load_tokenizer.cache_clear()
+    text = "def f(x):\n    return x ** 2  # café, 東京, emoji 🙂\n<|im_start|>user\n\ttabs"
+    assert kept.encode(text) == from_gguf.encode(text) and len(kept) == len(from_gguf)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    assert kept.apply_chat_template(messages, add_generation_prompt=True) == from_gguf.apply_chat_template(
+        messages, add_generation_prompt=True
+    )
+    assert kept.special_tokens_map == from_gguf.special_tokens_map
+    assert kept.eos_token_id == from_gguf.eos_token_id

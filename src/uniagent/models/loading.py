@@ -79,11 +79,22 @@ def resolve_model(spec: str | None = None) -> ModelSource:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(source: ModelSource) -> Any:
-    """Load (once per process) the tokenizer with its chat template."""
+    """Load (once per process) the tokenizer with its chat template.
+
+    A GGUF file's tokenizer goes through transformers' Python GGUF reader too (SmolLM2: ~23 s on 2
+    CPU cores, paid by every process that needs a codec: each run, each Ray actor), so it is kept
+    once beside the de-quantized weights and later loads read that copy (under a second).
+    """
     from transformers import AutoTokenizer
 
     with _load_lock:
-        return AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+        cached = dequantized_dir(source, "tokenizer")
+        if cached is not None and (cached / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(cached))
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+        if cached is not None:
+            _keep_dequantized(tokenizer, cached)
+        return tokenizer
 
 
 def load_causal_lm(source: ModelSource, device: str = "cpu", dtype: str = "float32") -> Any:
@@ -109,7 +120,8 @@ def load_causal_lm(source: ModelSource, device: str = "cpu", dtype: str = "float
 
 
 def dequantized_dir(source: ModelSource, dtype: str) -> Path | None:
-    """Where the de-quantized copy of a GGUF model lives (None: not a GGUF, or UNIAGENT_DEQUANT_CACHE=0).
+    """Where the de-quantized copy of a GGUF model lives (None: not a GGUF, or UNIAGENT_DEQUANT_CACHE=0);
+    `dtype` "tokenizer": where its tokenizer's copy lives.
 
     Keyed by the file's name, size and modification time and the dtype, so a changed file is converted
     again. Root: $UNIAGENT_CACHE, else $XDG_CACHE_HOME/uniagent, else ~/.cache/uniagent.
@@ -145,6 +157,7 @@ def warm_default_model() -> str:
     """Fill the de-quantized copy of the packaged model once (what `make setup` runs), so that the
     first `make demo` or test run on a fresh machine does not pay the GGUF reader."""
     source = smollm2_source()
+    load_tokenizer(source)  # keeps the tokenizer's copy too
     cached = dequantized_dir(source, "float32")
     if cached is None or (cached / "config.json").is_file():
         return f"de-quantized SmolLM2: {cached or 'cache off'}"
