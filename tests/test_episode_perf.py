@@ -126,8 +126,9 @@ def test_workspace_cache_is_removed_at_close_and_a_dead_process_cache_is_swept(t
 def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
     tmp_path: Path, codec, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """Serialising and committing a finished episode runs in a worker thread, not on the event
-    loop, and subprocesses are waited for with pidfds, not one waitpid thread each."""
+    """Serialising and committing a finished episode and the end-of-episode drift check (a full
+    render and tokenization) run in worker threads, not on the event loop; subprocesses are
+    waited for with pidfds, not one waitpid thread each."""
     import asyncio
     import sys
     import threading
@@ -137,6 +138,7 @@ def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
     from uniagent.runner.pidfd import LoopPidfdWatcher
     from uniagent.runner.run import Runner
     from uniagent.tasks import load_tasks
+    from uniagent.tokens import ChatCodec
 
     tasks = load_tasks("builtin:starter")[:3]
     replay = write_replay(tmp_path / "replay.jsonl", codec, tasks)
@@ -153,6 +155,14 @@ def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
         real_put(self, row)
 
     monkeypatch.setattr(RunStore, "put", put)
+    drift_threads: list[str] = []
+    real_drift = ChatCodec.drift
+
+    def drift(self: ChatCodec, *args: Any, **kwargs: Any) -> int | None:
+        drift_threads.append(threading.current_thread().name)
+        return real_drift(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatCodec, "drift", drift)
     before = asyncio.get_child_watcher() if sys.version_info < (3, 12) else None
     try:
         summary = asyncio.run(Runner(cfg).run())
@@ -163,3 +173,4 @@ def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
             asyncio.set_child_watcher(before)
     assert summary["episodes"] == 3 and summary["resolved"] == 3
     assert len(threads) == 3 and "MainThread" not in threads, threads
+    assert len(drift_threads) == 3 and "MainThread" not in drift_threads, drift_threads

@@ -83,7 +83,9 @@ class AgentInteraction:
             answer=final.answer if final else None,
             error=error,
         )
-        result.trajectory = self._finish_trajectory(history, result)
+        # A full render and tokenization of the whole episode (drift): CPU work that grows with
+        # the episode, so not on the event loop that serves every other episode.
+        result.trajectory = await asyncio.to_thread(self._finish_trajectory, history, result)
         if exit_reason.trainable and verifier is not None:
             await self._verify(verifier, sandbox, result)
         metrics["wall_s"] = time.perf_counter() - started
