@@ -174,3 +174,10 @@ def test_runner_stores_off_the_event_loop_and_waits_on_pidfds(
     assert summary["episodes"] == 3 and summary["resolved"] == 3
     assert len(threads) == 3 and "MainThread" not in threads, threads
     assert len(drift_threads) == 3 and "MainThread" not in drift_threads, drift_threads
+
+
+def test_sandbox_starts_are_bounded_at_16_by_default() -> None:
+    """4 slots queued a thousand episodes behind each other for minutes; a local start is cheap."""
+    from uniagent.runner.config import RunnerConfig
+
+    assert RunnerConfig().sandbox_start_concurrency == 16
