@@ -54,6 +54,18 @@ def ws_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[n
     return cache
 
 
+def _record_commands(sb: Any) -> list[str]:
+    commands: list[str] = []
+    real_exec = sb.exec
+
+    async def spy(command: str, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        commands.append(command)
+        return await real_exec(command, *args, **kwargs)
+
+    sb.exec = spy
+    return commands
+
+
 @needs_bwrap
 async def test_workspace_cache_gives_the_same_base_commit_and_no_future(tmp_path: Path, ws_cache) -> None:  # type: ignore[no-untyped-def]
     """The second episode of a task gets a copy of the first one's prepared tree: the same
@@ -75,9 +87,14 @@ async def test_workspace_cache_gives_the_same_base_commit_and_no_future(tmp_path
     outputs = []
     for i in range(2):
         async with sandbox.create({"workspace": str(tmp_path / f"ws{i}")}) as sb:
+            commands = _record_commands(sb)
             t = copy.copy(task)
             await t.setup(sb)
             assert t.base == base
+            # A repository goes into the bind-mounted workdir by a host copy, never as a tarball
+            # through the shell; a cache hit runs no command at all.
+            assert not any("base64" in c or "tar -x" in c for c in commands), commands
+            assert i == 0 or not commands, commands
             outputs.append((await sb.exec(probe)).output)
     assert ws_cache.hits == 1 and len(ws_cache.entries) == 1
     assert outputs[0] == outputs[1], outputs

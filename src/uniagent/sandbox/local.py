@@ -336,7 +336,9 @@ class LocalSandbox(PipeShellSandbox):
             return None
         host = self.workspace / p[len(root) :].lstrip("/")
         ws = os.path.realpath(self.workspace)
-        probe = host.parent if parent_only else host
+        # The workdir itself has no parent inside the workspace, and needs none: an upload
+        # into it (a task's repository) is a host copy, not a tarball through the shell.
+        probe = host.parent if parent_only and p != root else host
         real = os.path.realpath(probe)
         if real != ws and not real.startswith(ws + os.sep):
             return None
