@@ -198,3 +198,28 @@ def test_sandbox_starts_are_bounded_at_16_by_default() -> None:
     from uniagent.runner.config import RunnerConfig
 
     assert RunnerConfig().sandbox_start_concurrency == 16
+
+
+@needs_bwrap
+async def test_local_sandbox_removes_its_dirs_with_rm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """shutil.rmtree walks every file in Python holding the GIL; stop runs `rm -rf` instead."""
+    import shutil
+
+    spawned: list[tuple[str, ...]] = []
+    real = procs.spawn
+
+    async def spy(*argv: str, **kwargs: Any):  # type: ignore[no-untyped-def]
+        spawned.append(argv)
+        return await real(*argv, **kwargs)
+
+    def no_rmtree(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("shutil.rmtree called")
+
+    monkeypatch.setattr(procs, "spawn", spy)
+    async with sandbox.create({}) as sb:
+        await sb.exec("mkdir -p a/b && touch a/b/c && chmod 500 a/b")
+        ws, ctl = sb.workspace, sb._ctl
+        monkeypatch.setattr(shutil, "rmtree", no_rmtree)
+    assert ws is not None and ctl is not None and not ws.exists() and not ctl.exists()
+    removed = [a[-1] for a in spawned if a[0] == "rm"]
+    assert removed == [str(ctl), str(ws)], spawned
