@@ -8,6 +8,7 @@ the kill lands while sandboxes run); sandboxes, verifier and store are real.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -24,6 +25,7 @@ import pytest
 from conftest import needs_bwrap, require_module
 from run_helpers import write_replay
 from uniagent.runner import RunStore
+from uniagent.runner.ray_backend import EpisodeActor
 from uniagent.sandbox import procs
 from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec
@@ -128,3 +130,58 @@ def test_a_killed_actor_s_episodes_are_redone_and_stored_once(
 
     assert not cluster.sandboxes(), "a sandbox outlived its episode"
     assert not list(cluster.tmp.iterdir()), "actor folders (the dead one's swept) and workspaces removed"
+
+
+class DiesOnceActor(EpisodeActor):
+    """An episode actor whose worker process exits the first time it is given each pair (marker
+    files under the run's output): the death a SIGKILL would cause, at a chosen moment."""
+
+    async def run(self, family: str, row: dict[str, Any], source: str | None, sample: int) -> dict[str, Any]:
+        marker = Path(self.config.runner.output) / f"died-{row['instance_id']}-{sample}"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            os._exit(1)
+        return await super().run(family, row, source, sample)
+
+
+class AlwaysDiesActor(EpisodeActor):
+    """An episode that kills every worker it runs on."""
+
+    async def run(self, family: str, row: dict[str, Any], source: str | None, sample: int) -> dict[str, Any]:
+        os._exit(1)
+
+
+def test_redo_is_bounded_and_a_redone_episode_is_stored_once(tmp_path: Path, codec: ChatCodec) -> None:
+    """In-process `run_on_ray` on a local Ray: each pair's first actor dies, the redo finishes and
+    is reported once; an episode that kills every actor is reported once, after MAX_REDOS redos,
+    as an untrainable `internal_error` (rerun by --resume), not retried forever."""
+    ray = require_module("ray", "the Ray runner backend (a verl dependency)")
+    from uniagent.runner.config import build_config
+    from uniagent.runner.ray_backend import MAX_REDOS, run_on_ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    tasks = load_tasks("builtin:starter")[:2]
+    replay = write_replay(tmp_path / "replay.jsonl", codec, tasks)
+    flags = {"model.spec": f"replay:{replay}", "runner.concurrency": 2, "runner.ray_actors": 1}
+    seen: list[tuple[str, int, dict[str, Any]]] = []
+
+    def go(actor: type, out: Path) -> None:
+        cfg = build_config(None, ["runner.preflight=false"], {**flags, "runner.output": str(out)})
+        asyncio.run(
+            run_on_ray(cfg, [(t, 0) for t in tasks], lambda i, s, r: seen.append((i, s, r)), actor=actor)
+        )
+
+    try:
+        go(DiesOnceActor, tmp_path / "once")
+        assert sorted((i, s) for i, s, _ in seen) == sorted((t.instance_id, 0) for t in tasks)
+        assert all(r["exit_reason"] == "finished" and r["resolved"] and r["trainable"] for *_, r in seen)
+        assert all(r["metrics"]["ray_actor_deaths"] >= 1 for *_, r in seen)
+        seen.clear()
+        go(AlwaysDiesActor, tmp_path / "always")
+    finally:
+        ray.shutdown()
+    assert sorted((i, s) for i, s, _ in seen) == sorted((t.instance_id, 0) for t in tasks)
+    for _, _, result in seen:
+        assert result["exit_reason"] == "internal_error" and not result["trainable"]
+        assert result["metrics"]["ray_actor_deaths"] == MAX_REDOS + 1 and "died" in result["error"]

@@ -209,8 +209,10 @@ async def run_on_ray(
     todo: list[tuple[Task, int]],
     on_result: Callable[[str, int, dict[str, Any]], None],
     stopped: Callable[[], bool] = lambda: False,
+    actor: type[EpisodeActor] = EpisodeActor,
 ) -> None:
-    """Run `todo` in actors; `on_result` (the driver's store) sees each pair once, complete.
+    """Run `todo` in actors (`actor`: the class, a subclass in tests); `on_result` (the driver's
+    store) sees each pair once, complete.
 
     An episode whose actor dies is redone from scratch on the slot's replacement actor: a
     partly run episode left nothing behind but its sandbox (bwrap dies with its parent), and
@@ -221,7 +223,7 @@ async def run_on_ray(
     init_ray(config)
     n_actors = max(1, min(config.runner.ray_actors or min(config.runner.concurrency, 8), len(todo)))
     per_actor = max(1, -(-config.runner.concurrency // n_actors))
-    actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor, max_restarts=0)(EpisodeActor)
+    actor_cls = ray.remote(num_cpus=0.01, max_concurrency=per_actor, max_restarts=0)(actor)
     pool = ActorPool(actor_cls, config.model_dump(mode="json"), n_actors)
     sem = asyncio.Semaphore(config.runner.concurrency)
 
@@ -232,13 +234,13 @@ async def run_on_ray(
             for deaths in range(MAX_REDOS + 1):
                 if stopped():
                     return  # the run stops: episodes not started are left for --resume
-                actor = pool.actors[slot]
+                handle = pool.actors[slot]
                 try:
-                    result = await actor.run.remote(task.family, task.row, task.source, sample)
+                    result = await handle.run.remote(task.family, task.row, task.source, sample)
                 except ray.exceptions.RayActorError as exc:
                     error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                     log.warning("%s#%d: its Ray actor died (%s); redoing it", task.instance_id, sample, error)
-                    pool.replace(slot, actor)
+                    pool.replace(slot, handle)
                     continue
                 if deaths:
                     result["metrics"]["ray_actor_deaths"] = deaths
