@@ -67,6 +67,8 @@ bench: setup llama-server
 	$(PY) bench/mismatch.py
 	$(PY) bench/runner.py
 	$(PY) bench/runner.py --kill-resume --no-peer
+	$(PY) bench/runner_ray.py
+	$(PY) bench/sandbox_footprint.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
