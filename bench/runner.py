@@ -25,7 +25,8 @@ is real. Figures per level, one JSON object per line on stdout (logs on stderr):
 * ``peak_rss_mb`` of the runner process (its ru_maxrss) and of its whole process tree (sampled with
   psutil every `--sample-s` seconds; ``monitor_cpu_s`` is what that sampling cost, inside cpu_util);
 * ``open_fds_at_end`` of the runner (after its run returned) and ``leftovers``: descendants still
-  alive after it exited, `uniagent-*` cgroups and /tmp entries that were not there before;
+  alive after it exited, its sandbox cgroups (`uniagent-PID-*`) still there, and entries left in
+  its private TMPDIR (the host side of its sandboxes);
 * ``loop_lag_ms`` p50/p99 (a coroutine in the runner that sleeps 50 ms and records how late it wakes);
 * ``exits`` (failures by exit reason), ``resolved``, and ``episode_median_s``: per-episode medians of
   setup / sandbox start / tools / model / verifier / episode from the store's timings.
@@ -94,8 +95,21 @@ TASKS = "builtin:starter"
 BASELINE_EP_PER_MIN = {100: 61.6, 1000: 44.1}  # issue 14's table, main at 74b8174
 GOAL_EP_PER_MIN_1000 = 130.0
 MAX_TURNS = 12  # 10 scripted turns; the rest is slack that an unexpected extra turn would show
-UNITS = {"s": "s", "ms": "ms", "mb": "MB", "min": "episodes/min", "step": "ms/turn", "util": "fraction"}
+UNITS = {
+    "_s": "s",
+    "_ms": "ms",
+    "_mb": "MB",
+    "_step": "ms/turn",
+    "_util": "fraction",
+    "turns_per_s": "turns/s",
+}
 log = logging.getLogger("bench.runner")
+
+
+def unit_of(figure: str) -> str | None:
+    if "per_min" in figure:
+        return "episodes/min"
+    return next((u for end, u in reversed(UNITS.items()) if figure.endswith(end)), None)
 
 
 def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
@@ -208,7 +222,6 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
     spec = child_spec(out, script, level, samples, args)
-    before = cgroups_snapshot()
     c0, t0 = cpu_times(), time.monotonic()
     me0 = time.process_time()
     proc = start_child(spec, out / "child.log")
@@ -220,7 +233,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     mon.stop()
     monitor_cpu = time.process_time() - me0
     time.sleep(1.0)  # a descendant that outlives the runner would show here
-    after = cgroups_snapshot()
+    cgroups = sorted(cgroups_snapshot(proc.pid))
     ctx = {"level": level, "samples": samples, "system": "uniagent", "delay_s": args.delay}
     result_path = out / "child.json"
     if not result_path.exists():
@@ -243,8 +256,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     figs["monitor_cpu_s"] = round(monitor_cpu, 2)  # this process's sampling, inside cpu_util
     figs["leftovers"] = {
         "processes": mon.survivors(),
-        "cgroups": len(after - before),  # machine-wide: another run's count on a shared machine
-        "cgroups_some": sorted(after - before)[:5],
+        "cgroups": cgroups,
         "tmp": sorted(p.name for p in (out / "tmp").iterdir()),
     }
     expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
@@ -256,7 +268,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     if base:
         figs["vs_baseline"] = round(figs["episodes_per_min"] / base, 2)
     for name, value in figs.items():
-        unit = UNITS.get(name.rsplit("_", 1)[-1]) if name != "turns_per_s" else "turns/s"
+        unit = unit_of(name)
         extra: dict[str, Any] = {}
         if name == "episodes_per_min" and level >= 1000:
             extra = {"goal": GOAL_EP_PER_MIN_1000, "met": value >= GOAL_EP_PER_MIN_1000}
@@ -320,7 +332,7 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
         figs["peer_verify_wall_s"] = round(time.monotonic() - t1, 2)
         figs["resolved"] = sum(graded)
     for name, value in figs.items():
-        unit = UNITS.get(name.rsplit("_", 1)[-1]) if name != "turns_per_s" else "turns/s"
+        unit = unit_of(name)
         emit(name, value, unit, **ctx, isolation=False, verifier="uniagent's, after the run")
     return figs
 
@@ -371,6 +383,8 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     bwrap_left = [s for s in survivors if s.startswith("bwrap")]
     before = store_count(out / "run")
     tmp_after_kill = len(list((out / "tmp").iterdir()))
+    killed_pid = proc.pid
+    cgroups_after_kill = len(cgroups_snapshot(killed_pid))
     proc = start_child(spec, out / "child-resume.log", resume=True)
     proc.wait()
     expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
@@ -392,6 +406,8 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
         # host-side temp dirs of the sandboxes that were running (kill -9 runs no cleanup)
         "tmp_entries_after_kill": tmp_after_kill,
         "tmp_entries_after_resume": len(list((out / "tmp").iterdir())),
+        "killed_run_cgroups_after_kill": cgroups_after_kill,
+        "killed_run_cgroups_after_resume": len(cgroups_snapshot(killed_pid)),
         "bwrap_survivors": bwrap_left,
         "ok": killed
         and not bwrap_left

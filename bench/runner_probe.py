@@ -38,14 +38,16 @@ def cpu_times() -> tuple[float, float, float, float]:
     return (user + nice) / tick, system / tick, busy / tick, total / tick
 
 
-def cgroups_snapshot() -> set[str]:
-    """cgroups named uniagent-* (machine-wide: on a shared machine another run's show up too)."""
+def cgroups_snapshot(owner: int | None = None) -> set[str]:
+    """Sandbox cgroups (`uniagent-PID-ID`): those `owner` made, or all of them (machine-wide: on a
+    shared machine another run's too)."""
+    prefix = "uniagent-" if owner is None else f"uniagent-{owner}-"
     cgroups: set[str] = set()
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
         if root.count("/") > 7:
             dirs[:] = []
             continue
-        cgroups.update(os.path.join(root, d) for d in dirs if d.startswith("uniagent-"))
+        cgroups.update(os.path.join(root, d) for d in dirs if d.startswith(prefix))
     return cgroups
 
 

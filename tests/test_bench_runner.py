@@ -42,20 +42,8 @@ def test_script_is_ten_turns_eight_explorations_gold_patch_submit():
 
 
 @needs_bwrap
-def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, smol_tokenizer, capsys):
-    # The same SmolLM2 tokenizer, saved as a Hugging Face directory: the runner child loads it in
-    # about a second instead of parsing the GGUF file again (~20 s of this test otherwise).
-    smol_tokenizer.save_pretrained(tmp_path / "tokenizer")
-    argv = [
-        "--tasks",
-        "2",
-        "--delay",
-        "0",
-        "--sample-s",
-        "0.5",
-        "--set",
-        f"model.tokenizer={tmp_path / 'tokenizer'}",
-    ]
+def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, capsys):
+    argv = ["--tasks", "2", "--delay", "0", "--sample-s", "0.5"]
     args = runner.build_parser().parse_args(argv)
     tasks = load_tasks(runner.TASKS, limit=2)
     ours = runner.run_level(2, tasks, codec, tmp_path / "level-2", args)
@@ -66,7 +54,7 @@ def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, smol_tokeniz
     assert ours["loop_lag_ms"]["p99"] >= ours["loop_lag_ms"]["p50"] >= 0
     assert set(ours["episode_median_s"]) >= {"setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s"}
     assert ours["peak_rss_mb"]["tree_sampled"] > 0
-    assert ours["leftovers"]["processes"] == [] and ours["leftovers"]["tmp"] == []
+    assert ours["leftovers"] == {"processes": [], "cgroups": [], "tmp": []}
     peer = runner.run_peer(2, tasks, tmp_path / "peer-2", args)
     assert peer["exits"] == {"Submitted": 2} and peer["resolved"] == 2, peer
     runner.emit_ratio(2, ours, peer)
