@@ -14,7 +14,7 @@ The runner runs in a child process (bench/runner_child.py: `build_config` + `Run
 is real. Figures per level, one JSON object per line on stdout (logs on stderr):
 
 * ``wall_s`` (process start to exit), ``episodes_per_min`` (over that wall; also
-  ``episodes_per_min_after_startup``) and ``vs_baseline`` (: the issue's table, 61.6 at 100 / 44.1 at
+  ``episodes_per_min_after_startup``) and ``vs_baseline`` (the issue's table: 61.6 at 100 / 44.1 at
   1,000 episodes/min on main at commit 74b8174; goal at 1,000: >= 130); ``turns_per_s`` (model turns);
 * ``framework_cpu_ms_per_step``: the runner process's own CPU (getrusage, all its threads) from its
   first episode on (``startup_s`` apart: imports, tokenizer, codec, preflight) minus the CPU of the
@@ -22,7 +22,7 @@ is real. Figures per level, one JSON object per line on stdout (logs on stderr):
   runs are other processes (bwrap and its children), so they are excluded by construction;
 * ``cpu_util``: machine-wide busy fraction of all cores from /proc/stat over the run (with user/sys
   seconds): the machine may be shared, so run it on an idle one;
-* ``peak_rss_mb`` of the runner process (its ru_maxrss) and of its whole process tree (sampled with
+* ``peak_rss_mb`` of the runner process (its VmHWM) and of its whole process tree (sampled with
   psutil every `--sample-s` seconds; ``monitor_cpu_s`` is what that sampling cost, inside cpu_util);
 * ``open_fds_at_end`` of the runner (after its run returned) and ``leftovers``: descendants still
   alive after it exited, its sandbox cgroups (`uniagent-PID-*`) still there, and entries left in
@@ -44,9 +44,11 @@ in local sandboxes (``peer_verify_wall_s``), and ``peer_vs_uniagent`` is given w
 random fraction of the episodes is stored, check that no bwrap survived it, rerun with `--resume`,
 and check from the store and its export that every (instance, sample) pair is stored exactly once
 and resolved: ``kill_resume`` {killed_at_s, stored_before_kill, stored_after_resume, duplicates,
-missing, unresolved, survivors}.
+missing, unresolved, survivors, and the killed run's temp dirs and cgroups after the kill and after
+the resume: kill -9 runs no cleanup, so what the next run does about them shows here}. Measuring
+and the store checks live in bench/runner_probe.py.
 
-    .venv/bin/python bench/runner.py --levels 1,20           # development: about 2 minutes
+    .venv/bin/python bench/runner.py --levels 1,20           # development: ~5-10 min with the peer
     .venv/bin/python bench/runner.py                         # 1, 100, 1,000 + peer: run on an idle machine
     .venv/bin/python bench/runner.py --kill-resume --no-peer
 """
