@@ -32,7 +32,8 @@ async def test_local_sandbox_spawns_without_preexec_fn_and_keeps_its_limits(
     monkeypatch.setattr(procs, "spawn", spy)
     cfg = {"workspace": str(tmp_path), "limits": {"open_files": 333, "file_size_mb": 3}}
     async with sandbox.create(cfg) as sb:
-        res = await sb.exec("ulimit -n; grep 'Max file size' /proc/self/limits; nice")
+        probe = "ulimit -n; grep 'Max file size' /proc/self/limits; cat /proc/self/autogroup; nice"
+        res = await sb.exec(probe)
         cgroup = sb._cgroup
         shell = sb._shell_host_pid(sb._sessions["default"])
         members = cgroup.pids() if cgroup is not None else set()
@@ -40,6 +41,9 @@ async def test_local_sandbox_spawns_without_preexec_fn_and_keeps_its_limits(
     lines = res.output.split()
     assert lines[0] == "333" and lines[4] == str(3 << 20), res.output
     assert lines[-1] == str(local.SANDBOX_NICE), "sandboxes run below the controller's priority"
+    if Path("/proc/self/autogroup").exists():  # the session's scheduler group too, not ours
+        assert lines[-2] == str(local.SANDBOX_NICE), res.output
+        assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"
     if cgroup is not None and cgroup.applied:  # the shell runs in the sandbox's own cgroup
         assert shell in members, (shell, members)
     assert not any(os.path.exists(d) for d in (cgroup.dirs if cgroup else [])), "cgroups removed"
@@ -224,3 +228,36 @@ async def test_local_sandbox_removes_its_dirs_with_rm(monkeypatch: pytest.Monkey
     assert ws is not None and ctl is not None and not ws.exists() and not ctl.exists()
     removed = [a[-1] for a in spawned if a[0] == "rm"]
     assert removed == [str(ctl), str(ws)], spawned
+
+
+@needs_bwrap
+async def test_local_upload_of_a_tree_is_a_cp_child_with_the_same_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Modes and mtimes kept, links copied as links, into an existing workdir (merged), by a
+    `cp` child process instead of shutil.copytree's Python loop."""
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "pkg" / "run.sh").write_text("#!/bin/sh\necho ok\n")
+    (src / "pkg" / "run.sh").chmod(0o750)
+    (src / "pkg" / "sub" / "data.txt").write_text("data")
+    os.utime(src / "pkg" / "sub" / "data.txt", (1_000_000_000, 1_000_000_000))
+    (src / "link").symlink_to("pkg/sub/data.txt")
+    spawned: list[str] = []
+    real = procs.spawn
+
+    async def spy(*argv: str, **kwargs: Any):  # type: ignore[no-untyped-def]
+        spawned.append(os.path.basename(argv[0]))
+        return await real(*argv, **kwargs)
+
+    monkeypatch.setattr(procs, "spawn", spy)
+    async with sandbox.create({"workspace": str(tmp_path / "ws")}) as sb:
+        await sb.exec("echo kept > already.txt")
+        await sb.upload(src, sb.workdir)
+        res = await sb.exec("stat -c '%a %Y' pkg/run.sh pkg/sub/data.txt; readlink link; cat link *.txt")
+        ws = sb.workspace
+    assert "cp" in spawned
+    lines = res.output.split("\n")
+    assert lines[0].split()[0] == "750" and lines[1] == "644 1000000000", res.output
+    assert lines[2:4] == ["pkg/sub/data.txt", "datakept"], res.output
+    assert ws is not None and (tmp_path / "ws" / "link").is_symlink()

@@ -40,10 +40,11 @@ log = logging.getLogger(__name__)
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var")
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
 CONTROL_MOUNT = "/.uniagent"
-SANDBOX_NICE = 10
-"""Everything in a sandbox runs at this nice level, so the controller (one event loop serving
-every episode) is not starved by the sandboxes' own work: at 1,000 episodes on 2 cores, with
-dozens of test runs runnable, the loop got a few percent of a core and lagged by seconds."""
+SANDBOX_NICE = 19
+"""Everything in a sandbox runs at this nice level (and its shell sessions' scheduler autogroups
+too), so the controller (one event loop serving every episode) is not starved by the sandboxes'
+own work: at 1,000 episodes on 2 cores, with dozens of test runs runnable, each session in an
+autogroup of its own, the loop got a few percent of a core and lagged by seconds."""
 INIT_ARGV = ("sh", "-c", "read -r _; exit 0", "uniagent-init")
 """What bwrap's init runs: it waits on a pipe whose only write end this process holds, and
 exits at EOF, i.e. when this process closes it (stop) or dies. bwrap's init arms its
@@ -85,6 +86,21 @@ async def _remove_tree(path: Path) -> None:
         pass
     if path.exists():  # no `rm`, or it could not remove everything
         await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+async def _copy_tree(src: Path, dest: Path) -> None:
+    """`shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)` as `cp -RP` in a child
+    process (modes and times kept, links copied as links): a repository copied into every
+    episode's workspace is otherwise a Python loop holding the GIL in a worker thread."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cp = shutil.which("cp")
+    if cp is not None:
+        null = asyncio.subprocess.DEVNULL
+        argv = [cp, "-RP", "--preserve=mode,timestamps", "--", f"{src}/.", str(dest)]
+        proc = await procs.spawn(*argv, stdin=null, stdout=null, stderr=null)
+        if await proc.wait() == 0:
+            return
+    await asyncio.to_thread(shutil.copytree, src, dest, symlinks=True, dirs_exist_ok=True)
 
 
 class LocalSandbox(PipeShellSandbox):
@@ -203,7 +219,7 @@ class LocalSandbox(PipeShellSandbox):
         env.update(cfg.env)
         return env
 
-    def _launcher(self) -> tuple[list[str], Callable[[], None] | None]:
+    def _launcher(self, own_session: bool = False) -> tuple[list[str], Callable[[], None] | None]:
         """What joins a new process to the sandbox's cgroups and sets its rlimits before it runs.
 
         An argv prefix (`sh` writes its pid into each cgroup.procs, `prlimit` sets the limits,
@@ -211,14 +227,19 @@ class LocalSandbox(PipeShellSandbox):
         address space instead of vfork(), ~10 ms at 50 MB RSS and ~100 ms at 1 GB of kernel
         time with the event loop blocked until the child execs; at 1,000 episodes that fork
         churn was most of the run's CPU. Without `prlimit` (util-linux, like nsenter) the
-        rlimits fall back to the preexec_fn. `nice` lowers what runs inside (SANDBOX_NICE).
+        rlimits fall back to the preexec_fn. `nice` lowers what runs inside (SANDBOX_NICE);
+        a process started in its own session (`own_session`) is also the first of a new
+        scheduler autogroup, whose nice is set as well: where the kernel groups by session,
+        the nice of a process counts only inside its group.
         """
         lim = self.config.limits
         prefix: list[str] = []
         files = self._cgroup.procs_files if self._cgroup else []
-        if files:
-            joins = "; ".join(f"{{ echo $$ > {quote(f)}; }} 2>/dev/null" for f in files)
-            prefix += ["/bin/sh", "-c", f'{joins}; exec "$@"', "uniagent-join"]
+        steps = [f"{{ echo $$ > {quote(f)}; }} 2>/dev/null" for f in files]
+        if own_session:  # never without: it would lower the controller's own group
+            steps.append(f"{{ echo {SANDBOX_NICE} > /proc/self/autogroup; }} 2>/dev/null")
+        if steps:
+            prefix += ["/bin/sh", "-c", f'{"; ".join(steps)}; exec "$@"', "uniagent-join"]
         nice = shutil.which("nice")
         if nice is not None:
             prefix += [nice, "-n", str(SANDBOX_NICE)]
@@ -296,7 +317,7 @@ class LocalSandbox(PipeShellSandbox):
         if self._init_pid is None or not await self._alive():
             raise SandboxDeadError("the local sandbox is not running")
         env = [f"{k}={v}" for k, v in self._env().items()]
-        prefix, preexec = self._launcher()
+        prefix, preexec = self._launcher(own_session=True)
         return await procs.spawn(
             *prefix,
             "nsenter",
@@ -408,7 +429,7 @@ class LocalSandbox(PipeShellSandbox):
             await super().upload(src, dest)
             return
         if src.is_dir():
-            await asyncio.to_thread(shutil.copytree, src, host, symlinks=True, dirs_exist_ok=True)
+            await _copy_tree(src, host)
         else:
             await self.write_file(dest, src.read_bytes(), mode=src.stat().st_mode & 0o777)
 
