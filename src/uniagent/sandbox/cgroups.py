@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from uniagent.sandbox.procs import owner_of, pid_alive
+
 log = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
 
@@ -45,18 +47,7 @@ def cgroup_name(sandbox_id: str) -> str:
 
 
 def owner_pid(name: str) -> int | None:
-    parts = name.split("-")
-    return int(parts[1]) if len(parts) == 3 and parts[0] == "uniagent" and parts[1].isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return owner_of(name, "uniagent-")
 
 
 def reap_orphans() -> list[Path]:
@@ -71,7 +62,7 @@ def reap_orphans() -> list[Path]:
             continue
         for d in found:
             pid = owner_pid(d.name)
-            if pid is None or pid == os.getpid() or _alive(pid):
+            if pid is None or pid == os.getpid() or pid_alive(pid):
                 continue
             with contextlib.suppress(OSError):
                 d.rmdir()

@@ -23,7 +23,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,10 +131,10 @@ class LocalSandbox(PipeShellSandbox):
         if cfg.workspace is not None:
             self.workspace = Path(cfg.workspace).resolve()
             self.workspace.mkdir(parents=True, exist_ok=True)
-        else:
-            self.workspace = Path(tempfile.mkdtemp(prefix="uniagent-ws-"))
+        else:  # uniagent-ws-<pid>-...: a later process removes it if this one is killed with -9
+            self.workspace = await asyncio.to_thread(procs.owned_tempdir, "uniagent-ws-")
             self._own_workspace = True
-        self._ctl = Path(tempfile.mkdtemp(prefix="uniagent-ctl-"))
+        self._ctl = await asyncio.to_thread(procs.owned_tempdir, "uniagent-ctl-")
         (self._ctl / "bin").mkdir()
         lim = cfg.limits
         self._cgroup = SandboxCgroup(cgroup_name(self.id), lim.memory_mb, lim.pids, lim.cpus)

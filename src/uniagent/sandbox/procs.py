@@ -2,6 +2,9 @@
 
 A timeout must stop everything a command started without killing the shell that keeps the
 session's cwd and environment, so signals go to the shell's descendants, never its group.
+
+Also the owner-pid convention: what a process leaves on the host (temp dirs, cgroups) carries
+its pid in the name, so a later process can remove what one killed with -9 left behind.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ import asyncio
 import contextlib
 import os
 import shlex
+import shutil
 import signal
+import tempfile
+import threading
 from pathlib import Path
 
 
@@ -78,6 +84,61 @@ def signal_descendants(pid: int, sig: int) -> int:
 
 def alive(pid: int) -> bool:
     return state(pid) not in ("Z", "X", None)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (signal 0). One of another user counts as alive: its
+    things are not ours to remove. The owner check of every owner-pid name (temp dirs, cgroups)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_of(name: str, prefix: str) -> int | None:
+    """The owner pid in `<prefix><pid>-<rest>`, or None for a name not of that form."""
+    if not name.startswith(prefix):
+        return None
+    pid, sep, _ = name[len(prefix) :].partition("-")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+_swept: set[tuple[str, str]] = set()
+_sweep_guard = threading.Lock()
+
+
+def _sweep_dead_owners(prefix: str, parent: Path) -> list[Path]:
+    """Remove `<parent>/<prefix><pid>-*` whose owner process is gone (killed with -9, it could not
+    clean up). Dirs of live owners (another run on this machine) are kept. Only before this
+    process made its own dirs of `prefix` (see `owned_tempdir`): our own pid counts as dead."""
+    removed: list[Path] = []
+    for d in parent.glob(f"{prefix}*"):
+        pid = owner_of(d.name, prefix)
+        if pid is None or (pid != os.getpid() and pid_alive(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def owned_tempdir(prefix: str, parent: Path | None = None) -> Path:
+    """`mkdtemp` named `<prefix><our pid>-...` (in `parent`, default the temp dir).
+
+    The first call per (parent, prefix) in a process first sweeps the dirs of dead owners
+    (`_sweep_dead_owners`). It runs before this process made any dir of that prefix there, so a
+    dir bearing our own pid is a dead process's too (a pid reused, as in a fresh container).
+    Blocking (the sweep can remove many trees once): call it from a worker thread in async code.
+    """
+    where = Path(parent if parent is not None else tempfile.gettempdir())
+    key = (str(where.resolve()), prefix)
+    with _sweep_guard:
+        if key not in _swept:
+            _sweep_dead_owners(prefix, where)
+            _swept.add(key)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where))
 
 
 def tree_signal_script(pid: int, sig: int) -> str:

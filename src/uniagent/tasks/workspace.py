@@ -22,11 +22,11 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from uniagent.sandbox import procs
 from uniagent.sandbox.base import Sandbox
 
 PREFIX = "uniagent-wscache-"
@@ -36,32 +36,12 @@ def enabled() -> bool:
     return os.environ.get("UNIAGENT_WORKSPACE_CACHE", "1") not in ("0", "false", "no", "off")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _sweep_stale(parent: Path) -> None:
-    """Remove caches whose process is gone (a run killed with -9 cannot clean up)."""
-    for d in parent.glob(f"{PREFIX}*"):
-        pid = d.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
-
-
 class WorkspaceCache:
     """Prepared base trees keyed by (repository path, base commit), with their base sha."""
 
     def __init__(self, root: Path | None = None) -> None:
-        parent = Path(tempfile.gettempdir())
-        if root is None:
-            _sweep_stale(parent)
-            root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+        if root is None:  # caches of dead processes (a run killed with -9) are swept first
+            root = procs.owned_tempdir(PREFIX)
         self.root = root
         self.entries: dict[tuple[str, str], tuple[Path, str]] = {}
         self.hits = 0
