@@ -64,6 +64,7 @@ def setting_secrets(settings: Any) -> list[str]:
 
 
 MASK = "[REDACTED]"
+_NUMBERS = {int, float, bool, type(None)}
 REDACTED_ROLE = "redacted"
 UNTRAINABLE_REASON = "secret_redacted"
 
@@ -94,11 +95,18 @@ class Redactor:
         return bool(self._pattern and s and self._pattern.search(s))
 
     def data(self, obj: Any) -> Any:
+        """`obj` with every string redacted, as a new structure; `obj` itself when there is no
+        secret to look for. A list of numbers (a trajectory's ids, masks, logprobs: thousands
+        per episode) is copied whole, not walked item by item."""
+        if self._pattern is None:
+            return obj
         if isinstance(obj, str):
             return self.text(obj)
         if isinstance(obj, dict):
             return {k: self.data(v) for k, v in obj.items()}
         if isinstance(obj, list | tuple):
+            if set(map(type, obj)) <= _NUMBERS:
+                return list(obj)
             return [self.data(v) for v in obj]
         return obj
 

@@ -36,6 +36,30 @@ def prompt_hash(prompt_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(prompt_ids), separators=(",", ":")).encode()).hexdigest()
 
 
+class _PromptHasher:
+    """`prompt_hash` of one request's prompts, each computed from the previous one's when it extends
+    it (an episode's prompt grows by a turn at a time): only the new ids are hashed, not the whole
+    history per turn. Same digest as `prompt_hash` (sha256 of the ids' compact JSON), so recorded
+    hashes stay valid."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.state = hashlib.sha256(b"[")
+
+    def digest(self, prompt_ids: list[int]) -> str:
+        n = len(self.ids)
+        if len(prompt_ids) < n or prompt_ids[:n] != self.ids:
+            self.ids, self.state, n = [], hashlib.sha256(b"["), 0
+        new = prompt_ids[n:]
+        if new:
+            head = "," if n else ""
+            self.state.update((head + ",".join(map(str, map(int, new)))).encode())
+            self.ids.extend(new)
+        final = self.state.copy()
+        final.update(b"]")
+        return final.hexdigest()
+
+
 @dataclass
 class ReplayRecord:
     """One recorded call: which request and turn, what prompt (ids or only their hash), what came back."""
@@ -158,6 +182,7 @@ class ReplayEngine:
         )
         self._last_by_prompt: dict[str, ReplayRecord] = {}
         self._turns: collections.Counter[str] = collections.Counter()
+        self._hashers: dict[str, _PromptHasher] = collections.defaultdict(_PromptHasher)
         for record in sorted(self.records, key=lambda r: r.turn):  # stable: keeps file order within a turn
             self._by_request[record.request_id].append(record)
         for record in self.records:
@@ -196,7 +221,10 @@ class ReplayEngine:
             return self._next_for_prompt(prompt_ids, request_id, turn)
         record = queue.popleft()
         self._discard_from_prompt_pool(record)
-        if record.prompt_hash != prompt_hash(prompt_ids):
+        digest = self._hashers[request_id].digest(prompt_ids)
+        if not queue:  # the request's last turn: its prefix is not needed again
+            self._hashers.pop(request_id, None)
+        if record.prompt_hash != digest:
             message = self._mismatch(record, prompt_ids, request_id, turn)
             if self.strict:
                 raise EngineError(message)
@@ -204,7 +232,7 @@ class ReplayEngine:
         return record
 
     def _next_for_prompt(self, prompt_ids: list[int], request_id: str, turn: int) -> ReplayRecord:
-        digest = prompt_hash(prompt_ids)
+        digest = self._hashers[request_id].digest(prompt_ids)
         queue = self._by_prompt.get(digest)
         if queue:
             record = queue.popleft()
@@ -246,6 +274,7 @@ class RecordingEngine:
         self.inner = inner
         self.records: list[ReplayRecord] = []
         self._turns: collections.Counter[str] = collections.Counter()
+        self._hashers: dict[str, _PromptHasher] = collections.defaultdict(_PromptHasher)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
         turn = self._turns[request_id]  # taken at call time: concurrent calls keep their call order

@@ -79,7 +79,10 @@ class TokenChatModel:
         turn.prompt_tokens = len(prompt_ids)
         turn.completion_tokens = len(generation.token_ids)
         turn.metrics["model_s"] = time.perf_counter() - started
-        self._seen = [*copy.deepcopy(messages), turn.message]
+        # Only the new messages are copied: the earlier ones were checked equal to `_seen` by `_extend`
+        # (a copy of the whole history per turn grew with it).
+        self._seen.extend(copy.deepcopy(messages[len(self._seen) :]))
+        self._seen.append(turn.message)
         return turn
 
     def finish(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Trajectory:
