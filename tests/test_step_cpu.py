@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from conftest import needs_bwrap
 from uniagent.errors import EngineError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord, _PromptHasher, prompt_hash
@@ -131,3 +132,39 @@ async def test_token_chat_copies_each_message_once_and_still_catches_a_rewritten
     messages[1]["content"] = "rewritten"
     with pytest.raises(HistoryMismatchError):
         await chat.query(messages, TOOLS)
+
+
+# ------------------------------------------------------------------------------ garbage collector
+
+
+@needs_bwrap
+def test_a_run_freezes_what_exists_at_its_start_out_of_the_collector(tmp_path, codec) -> None:  # type: ignore[no-untyped-def]
+    """Each full collection during a run traversed every object of its set-up again (modules,
+    tokenizer, codec); a run freezes them (`gc.freeze`) before its first episode."""
+    import asyncio
+    import gc
+
+    from run_helpers import write_replay
+    from uniagent.runner import build_config
+    from uniagent.runner.run import Runner
+    from uniagent.tasks import load_tasks
+
+    tasks = load_tasks("builtin:starter")[:1]
+    replay = write_replay(tmp_path / "replay.jsonl", codec, tasks)
+    cfg = build_config(
+        None,
+        [
+            f"model.spec=replay:{replay}",
+            f"tasks.ids=[{tasks[0].instance_id}]",
+            f"runner.output={tmp_path / 'run'}",
+        ],
+    )
+    made_before = [object()]
+    gc.unfreeze()
+    try:
+        summary = asyncio.run(Runner(cfg).run())
+        assert summary["episodes"] == 1 and summary["resolved"] == 1
+        assert gc.get_freeze_count() > 0
+        assert not any(o is made_before for o in gc.get_objects())  # frozen: out of every generation
+    finally:
+        gc.unfreeze()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -151,6 +152,7 @@ class Runner:
         Sandbox.set_start_concurrency(cfg.runner.sandbox_start_concurrency)
         factory = ModelFactory(cfg.model)
         await factory.start()
+        freeze_startup_objects()
         sem = asyncio.Semaphore(cfg.runner.concurrency)
         harness = None
 
@@ -249,3 +251,15 @@ def check_sandbox_configs(tasks: list[Task], base: dict[str, Any]) -> None:
 
 async def run(config: RunConfig, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     return await Runner(config, on_progress).run()
+
+
+def freeze_startup_objects() -> None:
+    """Move what exists once the run is set up (modules, tokenizer, codec, config: ~500,000
+    objects, all alive until the end) out of the garbage collector's sight (`gc.freeze`).
+
+    Every full collection during the run traversed them again (~90 ms each, a visible share of
+    the framework's CPU per step); they hold no garbage, being alive for the run. Collected
+    first, so no garbage is frozen with them."""
+    gc.collect()
+    gc.freeze()
+
