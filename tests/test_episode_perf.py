@@ -13,7 +13,7 @@ import pytest
 
 from conftest import needs_bwrap
 from uniagent import sandbox
-from uniagent.sandbox import local, procs
+from uniagent.sandbox import bwrap, procs
 
 
 @needs_bwrap
@@ -40,9 +40,9 @@ async def test_local_sandbox_spawns_without_preexec_fn_and_keeps_its_limits(
     assert seen and all(s.get("preexec_fn") is None for s in seen), [s.get("preexec_fn") for s in seen]
     lines = res.output.split()
     assert lines[0] == "333" and lines[4] == str(3 << 20), res.output
-    assert lines[-1] == str(local.SANDBOX_NICE), "sandboxes run below the controller's priority"
+    assert lines[-1] == str(bwrap.SANDBOX_NICE), "sandboxes run below the controller's priority"
     if Path("/proc/self/autogroup").exists():  # the session's scheduler group too, not ours
-        assert lines[-2] == str(local.SANDBOX_NICE), res.output
+        assert lines[-2] == str(bwrap.SANDBOX_NICE), res.output
         assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"
     if cgroup is not None and cgroup.applied:  # the shell runs in the sandbox's own cgroup
         assert shell in members, (shell, members)

@@ -477,6 +477,8 @@ async def test_apptainer_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert start[start.index("--cpus") + 1] == "1.5" and "--env=A=1" in start
     workspace = start[start.index("--bind") + 1].split(":")[0]
     assert Path(workspace).is_dir()
+    # Named with its owner's pid, so a kill -9'd run's dir is swept by the next process.
+    assert Path(workspace).name.startswith(f"uniagent-ws-{os.getpid()}-"), workspace
     assert "ulimit -n 1024" in sb._preamble() and "ulimit -f 1048576" in sb._preamble()
     assert not await sb._alive()  # an empty instance list
     await sb._stop()

@@ -8,12 +8,13 @@ cgroup flags for memory/pids/cpus, and rlimits from the session preamble (apptai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from uniagent.errors import SandboxError, SandboxStartError
+from uniagent.sandbox import procs
 from uniagent.sandbox.config import ContainerConfig
 from uniagent.sandbox.container import ContainerSandbox
 
@@ -69,7 +70,8 @@ class ApptainerSandbox(ContainerSandbox):
 
     async def _launch(self) -> None:
         cfg, lim = self.config, self.config.limits
-        self._workspace = tempfile.mkdtemp(prefix="uniagent-ws-")
+        # uniagent-ws-<pid>-...: a later process removes it if this one is killed with -9
+        self._workspace = str(await asyncio.to_thread(procs.owned_tempdir, "uniagent-ws-"))
         args = [
             "instance", "start", "--containall", "--writable-tmpfs",
             "--bind", f"{self._workspace}:{self.workdir}",
