@@ -35,9 +35,7 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"Generation has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs"
-            )
+            raise ValueError(f"Generation has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
 
 
 @runtime_checkable

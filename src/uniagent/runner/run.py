@@ -262,4 +262,3 @@ def freeze_startup_objects() -> None:
     first, so no garbage is frozen with them."""
     gc.collect()
     gc.freeze()
-
