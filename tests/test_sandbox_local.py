@@ -266,3 +266,40 @@ async def test_hundred_sandboxes_concurrently_leave_nothing_behind() -> None:
     fds_after = len(os.listdir("/proc/self/fd"))
     assert fds_after <= fds_before + 2, f"file descriptors: {fds_before} -> {fds_after}"
     print(f"100 sandboxes at once: {elapsed:.1f}s")
+
+
+async def test_sandboxes_share_one_cpu_group_of_the_controllers_weight(tmp_path: Path) -> None:
+    """Every sandbox's processes sit in one cpu cgroup per controller process (default weight),
+    not each in a scheduler autogroup of its own: 1,000 busy sandboxes then weigh what the
+    controller does instead of 1,000 times more (its event loop lagged seconds at 1,000)."""
+    from uniagent.sandbox import cgroups
+
+    shared = cgroups.shared_cpu_group()
+    require("a writable v1 cpu cgroup", shared is not None, "no cgroup v1 cpu controller to write here")
+    assert shared is not None and (shared / "cpu.shares").read_text().strip() == "1024"
+    async with sandbox.create({"workspace": str(tmp_path)}) as sb, sandbox.create(
+        {"workspace": str(tmp_path / "b")}
+    ) as sb2:
+        r = await sb.exec("sleep 30 & echo $!", timeout=10)
+        await sb2.exec("true", timeout=10)
+        members = {int(x) for x in (shared / "cgroup.procs").read_text().split()}
+        inits = {sb._init_pid, sb2._init_pid}  # type: ignore[attr-defined]
+        assert inits <= members, "both sandboxes' processes are in the shared group"
+        assert len(members) >= 4 and r.ok
+    left = {int(x) for x in (shared / "cgroup.procs").read_text().split()}
+    assert not (left & inits), "a stopped sandbox leaves the shared group"
+    assert shared.exists(), "the group is the process's, removed at exit"
+
+
+def test_reap_removes_a_dead_controllers_shared_cpu_group() -> None:
+    from uniagent.sandbox import cgroups
+
+    base = cgroups._base("cpu")
+    dead = 2**22 + 7  # above pid_max here: no such process
+    shared = base / f"uniagent-{dead}-sandboxes"
+    try:
+        (shared / f"uniagent-{dead}-abc123").mkdir(parents=True)
+    except OSError:
+        require("a writable v1 cpu cgroup", False, "no cgroup v1 cpu controller to write here")
+    removed = cgroups.reap_orphans()
+    assert not shared.exists() and shared in removed

@@ -289,7 +289,10 @@ async def test_started_mode_in_host_sandbox(tmp_path: Path, caplog: pytest.LogCa
         assert (ws / "b.bin").read_bytes() == bytes(range(256))
         for text in (repr(sb), str(sb), repr(sb.config), sb.config.model_dump_json()):
             assert token not in text
+        log_path = Path(sb._server.log_path or "")
+        assert log_path.is_file()  # a host inner's /tmp is the host's
     assert not _alive(port, token), "the server must die with the sandbox"
+    assert not log_path.exists(), "the server's log must go with the sandbox"
     assert _processes_in(ws) == [], "the server and its shells must die with the sandbox"
     assert token not in caplog.text
 

@@ -148,8 +148,10 @@ class SweRexServer:
             # that were started in the background of one of its sessions.
             pid = int(self.pid)
             with contextlib.suppress(Exception):
+                # The log lives in the inner sandbox's /tmp, which is the host's for a `host` inner.
+                rm_log = f"rm -f {quote(self.log_path)}; " if self.log_path else ""
                 await inner.exec(
-                    f"{tree_signal_script(pid, signal.SIGKILL)}; kill -9 {pid} 2>/dev/null; true",
+                    f"{tree_signal_script(pid, signal.SIGKILL)}; kill -9 {pid} 2>/dev/null; {rm_log}true",
                     timeout=15,
                     session=SERVER_SESSION,
                 )
