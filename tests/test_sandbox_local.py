@@ -303,3 +303,26 @@ def test_reap_removes_a_dead_controllers_shared_cpu_group() -> None:
         require("a writable v1 cpu cgroup", False, "no cgroup v1 cpu controller to write here")
     removed = cgroups.reap_orphans()
     assert not shared.exists() and shared in removed
+
+
+def test_a_cgroup_still_busy_at_stop_is_removed_later() -> None:
+    """On a saturated machine a killed process can sit in its cgroup for a while (a zombie not
+    yet reaped): the cgroup is retried by the next sandbox's cgroup, not left for good."""
+    import subprocess
+
+    from uniagent.sandbox import cgroups
+
+    cg = cgroups.SandboxCgroup(cgroups.cgroup_name(secrets.token_hex(6)), None, 16, None)
+    require("a writable pids cgroup", "pids" in cg.applied, "no cgroup pids controller to write here")
+    d = cg.dirs[0]
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        (d / "cgroup.procs").write_text(str(proc.pid))
+        cg.remove()
+        assert d.exists() and d in cgroups._leftover, "busy: kept for a later try"
+    finally:
+        proc.kill()
+        proc.wait()
+    later = cgroups.SandboxCgroup(cgroups.cgroup_name(secrets.token_hex(6)), None, 16, None)
+    later.remove()
+    assert not d.exists() and d not in cgroups._leftover

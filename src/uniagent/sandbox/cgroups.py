@@ -84,15 +84,29 @@ def shared_cpu_group() -> Path | None:
     return _shared_cpu[0]
 
 
-def _remove_dir(d: Path) -> None:
-    for _ in range(50):
+def _remove_dir(d: Path, tries: int = 50) -> bool:
+    for _ in range(tries):
         try:
             d.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:
             time.sleep(0.02)
+    return False
+
+
+_leftover: list[Path] = []
+
+
+def _retry_later(d: Path) -> None:
+    if not _leftover:
+        atexit.register(_retry_leftovers, 50)
+    _leftover.append(d)
+
+
+def _retry_leftovers(tries: int = 1) -> None:
+    _leftover[:] = [d for d in _leftover if not _remove_dir(d, tries)]
 
 
 def reap_orphans() -> list[Path]:
@@ -129,6 +143,8 @@ class SandboxCgroup:
         if not _reaped:
             _reaped = True
             reap_orphans()
+        if _leftover:
+            _retry_leftovers()
         self.name = name
         self.dirs: list[Path] = []
         self.shared: list[Path] = []  # joined, never killed or removed per sandbox
@@ -213,12 +229,8 @@ class SandboxCgroup:
         log.warning("cgroup %s still has processes after %gs", self.name, timeout_s)
 
     def remove(self) -> None:
+        """Remove the cgroups; one that still holds an exiting process (a zombie not yet reaped
+        on a saturated machine) is retried by the next sandbox's cgroup and at exit."""
         for d in reversed(self.dirs):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            if not _remove_dir(d):
+                _retry_later(d)
