@@ -277,9 +277,10 @@ async def test_sandboxes_share_one_cpu_group_of_the_controllers_weight(tmp_path:
     shared = cgroups.shared_cpu_group()
     require("a writable v1 cpu cgroup", shared is not None, "no cgroup v1 cpu controller to write here")
     assert shared is not None and (shared / "cpu.shares").read_text().strip() == "1024"
-    async with sandbox.create({"workspace": str(tmp_path)}) as sb, sandbox.create(
-        {"workspace": str(tmp_path / "b")}
-    ) as sb2:
+    async with (
+        sandbox.create({"workspace": str(tmp_path)}) as sb,
+        sandbox.create({"workspace": str(tmp_path / "b")}) as sb2,
+    ):
         r = await sb.exec("sleep 30 & echo $!", timeout=10)
         await sb2.exec("true", timeout=10)
         members = {int(x) for x in (shared / "cgroup.procs").read_text().split()}
@@ -326,3 +327,20 @@ def test_a_cgroup_still_busy_at_stop_is_removed_later() -> None:
     later = cgroups.SandboxCgroup(cgroups.cgroup_name(secrets.token_hex(6)), None, 16, None)
     later.remove()
     assert not d.exists() and d not in cgroups._leftover
+
+
+async def test_a_slow_bubblewrap_start_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bwrap that needs seconds to build its sandbox (a saturated machine) is waited for up to
+    `start_timeout_s`, not failed after a fixed ~1 s poll (10 of 1,008 episodes ended
+    `sandbox_dead` that way in the kill -9 / --resume bench)."""
+    from uniagent.sandbox import local
+
+    real = local.procs.children
+    hidden_until = time.monotonic() + 1.6  # init "appears" only after 1.6 s
+
+    def slow_children(pid: int) -> list[int]:
+        return [] if time.monotonic() < hidden_until else real(pid)
+
+    monkeypatch.setattr(local.procs, "children", slow_children)
+    async with sandbox.create({"workspace": str(tmp_path), "start_retries": 0}) as sb:
+        assert (await sb.exec("echo ok", timeout=10)).output == "ok\n"

@@ -143,6 +143,8 @@ class SandboxCgroup:
         if not _reaped:
             _reaped = True
             reap_orphans()
+            # Again at exit: a killed run's cgroups that still held dying processes at our start.
+            atexit.register(reap_orphans)
         if _leftover:
             _retry_leftovers()
         self.name = name

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import time
 from pathlib import Path
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
@@ -129,15 +130,22 @@ class LocalSandbox(PipeShellSandbox):
         self._init_pid = await self._find_init()
 
     async def _find_init(self) -> int:
-        """bwrap's child is init of the new PID namespace: the target sessions enter."""
+        """bwrap's child is init of the new PID namespace: the target sessions enter.
+
+        Waited for until bwrap exits or `start_timeout_s` (which also bounds the whole start):
+        on a machine saturated by 1,000 sandboxes' work, building one takes seconds, and a fixed
+        ~1 s poll turned those slow starts into `sandbox_dead` episodes."""
         assert self._proc is not None
-        for _ in range(500):
+        deadline = time.monotonic() + self.config.start_timeout_s
+        pause = 0.002
+        while time.monotonic() < deadline:
             if self._proc.returncode is not None:
                 break
             kids = procs.children(self._proc.pid)
             if kids and procs.children(kids[0]):
                 return kids[0]
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.05)
         err = b""
         if self._proc.returncode is not None and self._proc.stderr:
             err = await self._proc.stderr.read()
