@@ -131,11 +131,17 @@ async def test_workspace_cache_snapshot_sha_matches_an_uncached_setup(
     assert ws_cache.hits == 1 and shas[0] == shas[1] == shas[2]
 
 
-def test_workspace_cache_is_removed_at_close_and_a_dead_process_cache_is_swept(tmp_path: Path) -> None:
+def test_workspace_cache_is_removed_at_close_and_a_dead_process_cache_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
+    from uniagent.sandbox import procs
     from uniagent.tasks import workspace
 
+    # The sweep runs once per process and prefix: in a private temp dir, as a fresh process would.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(procs, "_swept", set())
     dead = Path(tempfile.gettempdir()) / f"{workspace.PREFIX}999999999-x"
     dead.mkdir(exist_ok=True)
     cache = workspace.WorkspaceCache()
