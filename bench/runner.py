@@ -71,6 +71,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,22 +221,41 @@ def spawn(script: str, spec: Path, log_path: Path) -> subprocess.Popen[bytes]:
         )
 
 
+@dataclass
+class Watched:
+    """A bench child run to its end under a TreeMonitor, and what the machine did meanwhile."""
+
+    proc: subprocess.Popen[bytes]
+    rc: int
+    wall: float
+    cpu: dict[str, float]  # machine-wide /proc/stat deltas: user, sys, busy, total
+    mon: TreeMonitor
+    monitor_cpu: float  # this process's CPU over the run (the sampling), inside cpu_util
+
+
+def watch(start: Callable[[], subprocess.Popen[bytes]], sample_s: float) -> Watched:
+    c0, t0, me0 = cpu_times(), time.monotonic(), time.process_time()
+    proc = start()
+    mon = TreeMonitor(proc.pid, sample_s)
+    mon.start()
+    rc = proc.wait()
+    wall = time.monotonic() - t0
+    c1 = cpu_times()
+    mon.stop()
+    cpu = dict(
+        zip(("user", "sys", "busy", "total"), (b - a for a, b in zip(c0, c1, strict=True)), strict=True)
+    )
+    return Watched(proc, rc, wall, cpu, mon, time.process_time() - me0)
+
+
 def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: argparse.Namespace) -> dict:
     """One level of the runner, measured; the figures emitted and returned."""
     samples = args.samples_per_level or samples_for(level, len(tasks))
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
     spec = child_spec(out, script, level, samples, args)
-    c0, t0 = cpu_times(), time.monotonic()
-    me0 = time.process_time()
-    proc = start_child(spec, out / "child.log")
-    mon = TreeMonitor(proc.pid, args.sample_s)
-    mon.start()
-    rc = proc.wait()
-    wall = time.monotonic() - t0
-    c1 = cpu_times()
-    mon.stop()
-    monitor_cpu = time.process_time() - me0
+    run = watch(lambda: start_child(spec, out / "child.log"), args.sample_s)
+    proc, rc, wall, mon, monitor_cpu = run.proc, run.rc, run.wall, run.mon, run.monitor_cpu
     # A descendant that outlives the runner for good shows here; one that only takes a while to
     # exit (a sandbox at nice 19 on a busy machine) is waited for and its delay reported.
     survivors, gone_after = mon.wait_survivors(args.survivor_wait)
@@ -248,9 +269,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     child = json.loads(result_path.read_text())
     if not child["ok"]:
         emit("error", child["error"], None, **ctx)
-    cpu = dict(
-        zip(("user", "sys", "busy", "total"), (b - a for a, b in zip(c0, c1, strict=True)), strict=True)
-    )
+    cpu = run.cpu
     figs = level_figures(store_rows(out / "run"), child, wall, cpu)
     figs["peak_rss_mb"] = {
         "runner": round(child["maxrss_kb"] / 1024, 1),
@@ -299,14 +318,8 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
         "result": str(out / "peer.json"),
     }
     (out / "peer-spec.json").write_text(json.dumps(spec))
-    c0, t0 = cpu_times(), time.monotonic()
-    proc = spawn("runner_peer.py", out / "peer-spec.json", out / "peer.log")
-    mon = TreeMonitor(proc.pid, args.sample_s)
-    mon.start()
-    rc = proc.wait()
-    wall = time.monotonic() - t0
-    c1 = cpu_times()
-    mon.stop()
+    run = watch(lambda: spawn("runner_peer.py", out / "peer-spec.json", out / "peer.log"), args.sample_s)
+    rc, wall, mon = run.rc, run.wall, run.mon
     ctx = {"level": level, "samples": samples, "system": "mini-swe-agent", "delay_s": args.delay}
     if rc != 0 or not (out / "peer.json").exists():
         tail = (out / "peer.log").read_text(errors="replace")[-2000:]
@@ -323,7 +336,7 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
             (peer["user_s"] + peer["sys_s"] - peer["startup_cpu_s"]) / max(peer["turns"], 1) * 1e3, 2
         ),
         "children_cpu_s": round(peer["children_cpu_s"], 2),
-        "cpu_util": round((c1[2] - c0[2]) / (c1[3] - c0[3]), 3),
+        "cpu_util": round(run.cpu["busy"] / run.cpu["total"], 3),
         "peak_rss_mb": {
             "runner": round(peer["maxrss_kb"] / 1024, 1),
             "tree_sampled": round(mon.peak_tree / 2**20, 1),
