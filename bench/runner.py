@@ -80,6 +80,7 @@ from runner_probe import (
     TreeMonitor,
     cgroups_snapshot,
     check_run,
+    cpu_delta,
     cpu_times,
     level_figures,
     store_count,
@@ -242,10 +243,7 @@ def watch(start: Callable[[], subprocess.Popen[bytes]], sample_s: float) -> Watc
     wall = time.monotonic() - t0
     c1 = cpu_times()
     mon.stop()
-    cpu = dict(
-        zip(("user", "sys", "busy", "total"), (b - a for a, b in zip(c0, c1, strict=True)), strict=True)
-    )
-    return Watched(proc, rc, wall, cpu, mon, time.process_time() - me0)
+    return Watched(proc, rc, wall, cpu_delta(c0, c1), mon, time.process_time() - me0)
 
 
 def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: argparse.Namespace) -> dict:

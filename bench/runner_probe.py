@@ -38,6 +38,15 @@ def cpu_times() -> tuple[float, float, float, float]:
     return (user + nice) / tick, system / tick, busy / tick, total / tick
 
 
+def cpu_delta(before: tuple[float, ...], after: tuple[float, ...]) -> dict[str, float]:
+    """Two `cpu_times()` readings as the seconds spent between them: user, sys, busy, total."""
+    return dict(
+        zip(
+            ("user", "sys", "busy", "total"), (b - a for a, b in zip(before, after, strict=True)), strict=True
+        )
+    )
+
+
 def cgroups_snapshot(owner: int | None = None) -> set[str]:
     """Sandbox cgroups (`uniagent-PID-ID`): those `owner` made, or all of them (machine-wide: on a
     shared machine another run's too)."""

@@ -143,8 +143,7 @@ def run(args: argparse.Namespace, tasks: list[Task], root: Path) -> bool:
     child = json.loads(child_path.read_text())
     if not child["ok"]:
         emit("error", child["error"], None, **ctx)
-    deltas = (b - a for a, b in zip(c0, c1, strict=True))
-    cpu = dict(zip(("user", "sys", "busy", "total"), deltas, strict=True))
+    cpu = base.cpu_delta(c0, c1)
     rows = base.store_rows(out / "run")
     figs = base.level_figures(rows, child, wall, cpu)
     expected = {(t.instance_id, s) for t in tasks for s in range(samples)}
