@@ -211,6 +211,8 @@ class Redactor:
             num_turns=old.num_turns,
             drift=None if old.drift is None else where[min(int(old.drift), len(ids))],
             finish_reasons=list(old.finish_reasons),
+            reason=old.reason,
+            chain=old.chain,
         )
         new.validate()
         if self._leaks(tok, new.prompt_ids, new.response_ids):
@@ -218,20 +220,32 @@ class Redactor:
         return {**traj, **new.to_dict(), "secret_redacted": True}
 
     def result(self, result: dict[str, Any], tokenizer: Any = None) -> dict[str, Any]:
-        """An `EpisodeResult.to_dict()` as it may be stored: text redacted, and its trajectory
+        """An `EpisodeResult.to_dict()` as it may be stored: text redacted, and its token segments
         too; an episode whose tokens had to change is marked not trainable, with the reason."""
         out = self.data(result)
-        traj = out.get("trajectory")
-        if not traj or self._pattern is None:
+        if self._pattern is None:
             return out
-        clean = self.trajectory(traj, tokenizer)
-        if clean is traj:
+        changed = dropped = False
+        for key in ("segments", "trajectory"):
+            value = out.get(key)
+            trajs = value if isinstance(value, list) else [value] if value else []
+            cleaned = []
+            for traj in trajs:
+                clean = self.trajectory(traj, tokenizer)
+                changed |= clean is not traj
+                dropped |= clean is None
+                if clean is not None:
+                    cleaned.append(clean)
+            if key == "segments" and value is not None:
+                out[key] = cleaned
+            elif value:
+                out[key] = cleaned[0] if cleaned else None
+        if not changed:
             return out
-        out["trajectory"] = clean
         out["trainable"] = False
         metrics = out["metrics"] = dict(out.get("metrics") or {})
         metrics["untrainable_reason"] = UNTRAINABLE_REASON
-        if clean is None:
+        if dropped:
             metrics["trajectory_dropped"] = "a secret could not be removed token by token"
         return out
 
@@ -242,16 +256,16 @@ class Redactor:
         if self._pattern is None:
             return result
         clean = self.result(result.to_dict(), tokenizer)
-        traj = clean["trajectory"]
-        if traj is not None:
-            traj = Trajectory.from_dict(traj) if traj.get("secret_redacted") else result.trajectory
+        segments = result.segments
+        if clean.get("metrics", {}).get("untrainable_reason") == UNTRAINABLE_REASON:
+            segments = [Trajectory.from_dict(t) for t in clean.get("segments") or []]
         reward = result.reward
         if reward is not None:
             reward = dataclasses.replace(reward, details=clean["reward"]["details"])
         return dataclasses.replace(
             result,
             messages=clean["messages"],
-            trajectory=traj,
+            segments=segments,
             reward=reward,
             metrics=clean["metrics"],
             patch=clean["patch"],

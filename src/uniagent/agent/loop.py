@@ -75,7 +75,7 @@ class AgentInteraction:
             exit_reason, error = ExitReason.INTERNAL_ERROR, f"{exc!r}\n{traceback.format_exc(limit=8)}"
         result = EpisodeResult(
             messages=history,
-            trajectory=None,
+            segments=None,
             exit_reason=exit_reason,
             reward=None,
             metrics=metrics,
@@ -85,7 +85,8 @@ class AgentInteraction:
         )
         # A full render and tokenization of the whole episode (drift): CPU work that grows with
         # the episode, so not on the event loop that serves every other episode.
-        result.trajectory = await asyncio.to_thread(self._finish_trajectory, history, result)
+        traj = await asyncio.to_thread(self._finish_trajectory, history, result)
+        result.segments = [traj] if traj is not None else []
         if exit_reason.trainable and verifier is not None:
             await self._verify(verifier, sandbox, result)
         metrics["wall_s"] = time.perf_counter() - started

@@ -63,16 +63,28 @@ class Reward:
 
 @dataclass
 class EpisodeResult:
-    """Everything an episode produced; the runner stores it, the trainer reads it."""
+    """Everything an episode produced; the runner stores it, the trainer reads it.
+
+    `segments` is the episode's token record: one exact `Trajectory` per segment, in the order
+    they began (a new one when the history stopped being append-only). Every generated token is
+    in exactly one segment with mask 1; none is dropped. `None` is taken for "no segment"."""
 
     messages: list[dict[str, Any]]
-    trajectory: Trajectory | None
+    segments: list[Trajectory] | None
     exit_reason: ExitReason
     reward: Reward | None
     metrics: dict[str, Any] = field(default_factory=dict)
     patch: str | None = None
     answer: str | None = None
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.segments = list(self.segments or [])
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The last segment (the whole record when the history stayed append-only)."""
+        return self.segments[-1] if self.segments else None
 
     @property
     def trainable(self) -> bool:
@@ -95,6 +107,8 @@ class EpisodeResult:
             "reward": None if self.reward is None else self.reward.to_dict(),
             "resolved": self.resolved,
             "messages": self.messages,
+            "segments": [t.to_dict() for t in self.segments or []],
+            # the last segment again, until every reader takes `segments` (store, dashboard, redact)
             "trajectory": None if self.trajectory is None else self.trajectory.to_dict(),
             "metrics": self.metrics,
             "patch": self.patch,

@@ -447,7 +447,7 @@ def _exit_reason(
 
 
 async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
-    """The last chain is the episode's trajectory; others (rewritten histories) are counted."""
+    """Every chain is a segment of the episode's record: nothing generated is dropped."""
     result.metrics["chains"] = len(session.chains)
     result.metrics["turns"] = session.requests
     if not session.chains:
@@ -460,7 +460,9 @@ async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
         result.metrics["trajectory_error"] = str(exc)
         return
     traj = trajs[-1]
-    result.trajectory = traj
+    for i, t in enumerate(trajs):
+        t.chain, t.reason = i, ("start" if i == 0 else "rewritten")
+    result.segments = trajs
     result.metrics["drift"] = traj.drift
     result.metrics["chain_drifts"] = [t.drift for t in trajs]
     result.metrics["prompt_tokens"] = max(len(t.prompt_ids) for t in trajs)

@@ -14,6 +14,20 @@ from uniagent.errors import TrajectoryError
 
 SpanKind = Literal["model", "context"]
 
+SegmentReason = Literal["start", "condensed", "rewritten", "rollback", "template"]
+"""Why a segment began: the episode's first (`start`); the context policy condensed the history
+(`condensed`); a harness sent a history that no segment extends (`rewritten`, rendered afresh);
+a harness rewrote messages after an assistant turn and the exact tokens up to that turn were
+kept (`rollback`); the chat template does not render earlier turns as they were generated, e.g.
+it strips earlier reasoning (`template`)."""
+
+SEGMENT_REASONS: tuple[str, ...] = ("start", "condensed", "rewritten", "rollback", "template")
+
+DriftKind = Literal["sampled", "bookkeeping"]
+"""What a drift index means. `sampled`: the first difference lies in tokens the model sampled,
+whose text a fresh encoding would split differently (harmless: the record keeps the sampled
+ids). `bookkeeping`: context tokens we appended differ from the template's render (a bug)."""
+
 
 @dataclass
 class TurnSpan:
@@ -37,7 +51,11 @@ class TurnSpan:
 
 @dataclass
 class Trajectory:
-    """Prompt ids, response ids, response mask (1 = model token), logprobs, spans and drift."""
+    """Prompt ids, response ids, response mask (1 = model token), logprobs, spans and drift.
+
+    One trajectory is one *segment* of an episode: an exact, append-only token sequence.
+    `reason` says why it began and `chain` which linear conversation it belongs to (a gateway
+    session may hold several)."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
@@ -47,6 +65,9 @@ class Trajectory:
     num_turns: int = 0
     drift: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    reason: str = "start"
+    chain: int = 0
+    drift_kind: str | None = None
 
     # -- building -------------------------------------------------------------------------
     def add_generation(
@@ -111,6 +132,8 @@ class Trajectory:
             pos = span.end
         if pos != n:
             raise TrajectoryError(f"spans cover {pos} of {n} response tokens")
+        if self.reason not in SEGMENT_REASONS:
+            raise TrajectoryError(f"segment reason {self.reason!r} is not one of {SEGMENT_REASONS}")
         # A model turn is one span, or several when a redacted secret cut it (uniagent.redact).
         model_turns = len({s.turn for s in self.spans if s.kind == "model"})
         if model_turns > self.num_turns:
@@ -127,6 +150,9 @@ class Trajectory:
             "num_turns": self.num_turns,
             "drift": self.drift,
             "finish_reasons": list(self.finish_reasons),
+            "reason": self.reason,
+            "chain": self.chain,
+            "drift_kind": self.drift_kind,
         }
 
     @classmethod
@@ -141,6 +167,9 @@ class Trajectory:
                 num_turns=int(data.get("num_turns", 0)),
                 drift=data.get("drift"),
                 finish_reasons=list(data.get("finish_reasons", [])),
+                reason=str(data.get("reason", "start")),
+                chain=int(data.get("chain", 0)),
+                drift_kind=data.get("drift_kind"),
             )
         except (KeyError, TypeError) as exc:
             raise TrajectoryError(f"not a trajectory dict: {exc}") from exc
@@ -156,4 +185,6 @@ class Trajectory:
             "context_tokens": len(self.response_ids) - self.num_model_tokens,
             "num_turns": self.num_turns,
             "drift": self.drift,
+            "drift_kind": self.drift_kind,
+            "reason": self.reason,
         }
