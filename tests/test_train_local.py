@@ -606,3 +606,164 @@ def test_cli_verl_engine_print_is_the_launch_command() -> None:
     assert result.exit_code == 0, result.output + repr(result.exception)
     expected = shlex.join(launch.build_command("starter_grpo", ["trainer.total_epochs=1"]))
     assert result.output.strip() == expected
+
+
+# ----------------------------------------------------------------------------- segments
+
+
+def _segmented(trajs: list[Trajectory], reward: float) -> EpisodeResult:
+    """An episode whose token record is `trajs` (several segments: its history was condensed or
+    rewritten; what made them is not what is tested here)."""
+    return EpisodeResult([], trajs, ExitReason.FINISHED, Reward(reward, reward == 1.0))
+
+
+def _two_segments(seed: int = 0) -> list[Trajectory]:
+    """A condensed episode: the second segment's prompt holds the first one's generated tokens as
+    context, plus an empty third segment (opened, then the episode ended before a model turn)."""
+    first = _traj(4, [("model", 3), ("context", 2), ("model", 2)], seed)
+    second = _traj(0, [("model", 4), ("context", 1), ("model", 1)], seed + 100)
+    second.prompt_ids = first.prompt_ids[:2] + first.response_ids[:3] + [7, 8]
+    second.reason = "condensed"
+    empty = Trajectory(prompt_ids=[5, 6, 7], reason="condensed")
+    return [first, second, empty]
+
+
+@pytest.mark.parametrize(
+    ("estimator", "norm"),
+    [("grpo", True), ("grpo", False), ("rloo", True), ("opo", True), ("grpo_vectorized", True)],
+)
+def test_single_segment_episodes_train_exactly_as_before(estimator: str, norm: bool) -> None:
+    """Episodes of one segment: the rows are the episodes' trajectories and the advantages are the
+    estimator's over them, bit for bit what the trainer computed before segments existed."""
+    from uniagent.train import segments
+
+    trajs = [_traj(3, [("model", 2 + s), ("context", 2), ("model", 3)], s) for s in range(6)]
+    rewards, groups = [1.0, 0.0, 0.5, 1.0, 1.0, 0.0], ["a", "a", "a", "b", "b", "b"]
+    rows = segments.segment_rows([_segmented([t], r) for t, r in zip(trajs, rewards, strict=True)])
+    assert rows.trajectories == trajs and rows.final == list(range(6))
+    batch = algo.pack(trajs)
+    before = algo.compute_advantages(estimator, rewards, batch.response_mask, groups, norm)
+    after = segments.episode_advantages(estimator, rows, rewards, groups, batch.response_mask, norm)
+    assert torch.equal(after, before)
+
+
+def test_two_segment_episode_trains_both_segments_with_the_episode_advantage(trainer, monkeypatch) -> None:
+    """A two-segment episode (reward 1) and a one-segment sibling (reward 0) in one GRPO group: the
+    step packs three rows with the segments' own masks; both segments carry the episode's advantage,
+    the one verl's GRPO gives the episode in a group of two episodes (not of three rows)."""
+    from uniagent.train import segments
+    from uniagent.train.local import Sample
+
+    task = load_toy_tasks(limit=1)[0]
+    segs, other = _two_segments(), _traj(5, [("model", 5)], 9)
+    packed: list[list[Trajectory]] = []
+    advantages: list[torch.Tensor] = []
+    real_pack, real_adv = algo.pack, segments.episode_advantages
+    monkeypatch.setattr(algo, "pack", lambda trajs, *a: packed.append(trajs) or real_pack(trajs, *a))
+    monkeypatch.setattr(
+        segments, "episode_advantages", lambda *a: advantages.append(real_adv(*a)) or advantages[-1]
+    )
+    metrics = trainer.update(
+        [
+            Sample(task, "g", _segmented(segs, 1.0)),
+            Sample(task, "g", _segmented([other], 0.0)),
+        ]
+    )
+    assert metrics["episodes_trained"] == 2 and metrics["segments_trained"] == 3
+    assert packed == [[segs[0], segs[1], other]]  # the empty segment trains nothing and is left out
+    batch = real_pack(packed[0])
+    for i, t in enumerate(packed[0]):  # each row's mask is its segment's own
+        n = len(t.response_mask)
+        assert batch.response_mask[i, :n].tolist() == t.response_mask
+        assert batch.response_mask[i, n:].sum() == 0
+    (adv,) = advantages
+    two = algo.pack([segs[1], other])  # verl's GRPO over the two episodes' final segments
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=algo.outcome_rewards([1.0, 0.0], two.response_mask),
+        response_mask=two.response_mask,
+        index=np.array(["g", "g"], dtype=object),
+    )
+    a = float(theirs[0, 0])
+    assert a > 0 and float(theirs[1, 0]) == pytest.approx(-a)
+    assert torch.equal(adv[0], a * batch.response_mask[0])
+    assert torch.equal(adv[1], a * batch.response_mask[1])
+    assert torch.allclose(adv[2], -a * batch.response_mask[2])
+
+
+@pytest.mark.parametrize(("loss_mode", "agg"), [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean")])
+def test_segment_context_gets_no_gradient_and_gspo_ratio_is_per_segment(loss_mode: str, agg: str) -> None:
+    """Mask-0 tokens of every segment get no gradient. GSPO's sequence ratio is the segment's own:
+    moving the first segment's logprobs leaves the second segment's gradient as it was."""
+    from uniagent.train import segments
+
+    segs = _two_segments(3)
+    rows = segments.segment_rows([_segmented(segs, 1.0), _segmented([_traj(2, [("model", 4)], 4)], 0.0)])
+    batch = algo.pack(rows.trajectories)
+    mask = batch.response_mask
+    adv = segments.episode_advantages("grpo", rows, [1.0, 0.0], ["x", "x"], mask)
+    cfg = algo.actor_config(loss_mode, 0.2, 0.28, 3.0, int(mask.sum()), len(batch))
+
+    def grads(shift_first: float) -> torch.Tensor:
+        logp = batch.old_log_probs.clone()
+        logp[0] += shift_first * mask[0]  # the first segment's model tokens only
+        logp.requires_grad_(True)
+        loss, _ = algo.policy_loss(loss_mode, batch.old_log_probs, logp, adv, mask, agg, cfg)
+        loss.backward()
+        return logp.grad
+
+    g = grads(0.0)
+    assert (g * (1 - mask)).abs().sum() == 0  # context (and padding) of every row
+    assert (g[mask > 0] != 0).all()  # every model token of both segments learns
+    moved = grads(0.1)  # segment 1's ratio exp(0.1): still inside the clip range for a > 0
+    assert not torch.allclose(moved[0], g[0]) if loss_mode == "gspo" else True
+    assert torch.equal(moved[1], g[1]) and torch.equal(moved[2], g[2])
+
+
+def test_segment_advantages_match_verls_multi_output_trainer() -> None:
+    """verl 0.9's V1 trainer trains a multi-output agent loop with
+    `compute_advantage_for_multi_trajectories` (rows keyed `{uid}_{session}_{index}`): GRPO on each
+    session's final output, broadcast to the session's rows. Ours gives the same numbers."""
+    v1 = require_module(
+        "verl.trainer.ppo.v1.utils", "verl's V1 trainer (TransferQueue: pip install -e .[verl])"
+    )
+    from verl.protocol import DataProto
+
+    from uniagent.train import segments
+
+    episodes = [
+        (_two_segments(0)[:2], 1.0, "u1", 0),
+        ([_traj(3, [("model", 4)], 5)], 0.0, "u1", 1),
+        ([_traj(3, [("model", 2), ("context", 1), ("model", 2)], 6)], 0.0, "u2", 0),
+        (_two_segments(7)[:2], 1.0, "u2", 1),
+        ([_traj(2, [("model", 3)], 8)], 1.0, "u2", 2),
+    ]
+    rows = segments.segment_rows([_segmented(t, r) for t, r, _, _ in episodes])
+    rewards, groups = [r for _, r, _, _ in episodes], [u for _, _, u, _ in episodes]
+    batch = algo.pack(rows.trajectories)
+    ours = segments.episode_advantages("grpo", rows, rewards, groups, batch.response_mask)
+    keys = [f"{u}_{s}_{i}" for trajs, _, u, s in episodes for i in range(len(trajs))]
+    row_rewards = [rewards[k] for k in rows.episode]  # verl puts the score on every output
+    data = DataProto.from_dict(
+        tensors={
+            "response_mask": batch.response_mask,
+            "token_level_rewards": algo.outcome_rewards(row_rewards, batch.response_mask),
+        },
+        non_tensors={"uid": np.array([k.split("_")[0] for k in keys], dtype=object)},
+    )
+    theirs = v1.compute_advantage_for_multi_trajectories(data, keys, "grpo").batch["advantages"]
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_multi_segment_episode_needs_one_advantage_per_episode(monkeypatch) -> None:
+    """An estimator whose advantages vary along a row cannot be broadcast to an episode's segments:
+    one line says so. (None of verl's estimators that run without a critic or extra inputs varies;
+    the estimator's output is replaced here to reach the check.)"""
+    from uniagent.errors import TrainingError
+    from uniagent.train import segments
+
+    rows = segments.segment_rows([_segmented(_two_segments(), 1.0)])
+    mask = algo.pack(rows.trajectories).response_mask
+    ramp = torch.arange(mask.shape[1], dtype=torch.float32).expand(1, -1)
+    monkeypatch.setattr(algo, "compute_advantages", lambda *a: ramp * a[2])
+    with pytest.raises(TrainingError, match="adv_estimator=fancy gives advantages that vary"):
+        segments.episode_advantages("fancy", rows, [1.0], ["g"], mask)

@@ -33,6 +33,9 @@ How a step works, and why
    objective is verl's. Old logprobs are the engine's (`Trajectory.response_logprobs`); current
    logprobs come from one teacher-forced forward over prompt + response. The loss mask is the
    Trajectory's response mask, so context tokens (tool results, turn glue) get no gradient.
+   **Segments** (`train/segments.py`): every segment of an episode that holds model tokens is one
+   row (its own prompt, mask and logprobs); the advantage is computed per episode (one sample per
+   episode in its group) and broadcast to its segments; GSPO's sequence ratio is per segment.
    The engine's logprobs are the raw temperature-1 distribution, and so is the recompute: with
    `model.temperature` below 1 the rollouts are mildly off-policy for the policy being optimised
    (the PPO ratio still starts at 1; the clip bounds the drift). verl's GRPO gives a group of one
@@ -71,7 +74,7 @@ from uniagent.agent.result import EpisodeResult, check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
-from uniagent.train import algo, mismatch
+from uniagent.train import algo, mismatch, segments
 from uniagent.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -165,6 +168,8 @@ class LocalTrainer:
 
     async def rollout(self, tasks: list[Task]) -> list[Sample]:
         """`group_size` episodes per task through `run_episode`, all sharing the policy's weights."""
+        from uniagent.agent.base import Agent
+        from uniagent.agent.registry import open_agent
         from uniagent.models.base import SamplingParams
         from uniagent.models.factory import episode_seed
         from uniagent.models.token_chat import TokenChatModel
@@ -175,7 +180,7 @@ class LocalTrainer:
         gate = asyncio.Semaphore(cfg.trainer.concurrency)
         redactor = self.redactor()
 
-        async def one(task: Task, k: int) -> Sample:
+        async def one(task: Task, k: int, agent: Agent) -> Sample:
             sample = self.step * cfg.trainer.group_size + k
             sampling = SamplingParams(
                 temperature=cfg.model.temperature,
@@ -186,13 +191,15 @@ class LocalTrainer:
             rid = f"{task.instance_id}#{self.step}#{k}"
             model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
             async with gate:
-                result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+                result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
             # an episode whose tokens held a secret is not trained on (the policy would learn to say it)
             result = await asyncio.to_thread(redactor.episode, result)
             return Sample(task, task.instance_id, result)
 
-        jobs = [one(t, k) for t in tasks for k in range(cfg.trainer.group_size)]
-        return list(await asyncio.gather(*jobs))
+        # the agent's per-run resources (a harness's gateway) serve the step's episodes
+        async with open_agent(cfg.agent_kind, self.engine, self.codec) as agent:
+            jobs = [one(t, k, agent) for t in tasks for k in range(cfg.trainer.group_size)]
+            return list(await asyncio.gather(*jobs))
 
     def _assert_idle(self) -> None:
         """Weights may change only while no generation is queued or running."""
@@ -208,19 +215,20 @@ class LocalTrainer:
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step on the trainable samples; returns loss metrics."""
         cfg = self.cfg
-        usable = [s for s in samples if s.result.trainable and s.result.trajectory is not None]
-        usable = [s for s in usable if s.result.trajectory.num_model_tokens > 0]
+        usable = [s for s in samples if s.result.trainable and segments.trained_segments(s.result)]
         metrics: dict[str, float] = {"episodes_trained": float(len(usable))}
         if not usable:
             return metrics
-        trajectories = [s.result.trajectory for s in usable]
+        rows = segments.segment_rows([s.result for s in usable])  # one row per segment (train/segments.py)
+        metrics["segments_trained"] = float(len(rows.trajectories))
         rewards = [s.result.reward.value for s in usable]
-        batch = algo.pack(trajectories)
-        advantages = algo.compute_advantages(
+        batch = algo.pack(rows.trajectories)
+        advantages = segments.episode_advantages(
             cfg.algo.adv_estimator,
+            rows,
             rewards,
-            batch.response_mask,
             [s.group for s in usable],
+            batch.response_mask,
             cfg.algo.norm_adv_by_std_in_grpo,
         )
         total_tokens = int(batch.response_mask.sum())
