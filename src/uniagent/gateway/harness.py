@@ -6,9 +6,12 @@ its own prompts and its own way of finishing (`echo COMPLETE_TASK_AND_SUBMIT_FIN
 its *environment* is ours: `SandboxEnvironment` runs each command in the episode's sandbox, the
 way mini's docker environment runs each in `docker exec` (a fresh subshell in the workdir).
 
-The episode is the same as a ReAct one everywhere else: the task's sandbox and setup, the task's
-verifier inside the sandbox before teardown, one `ExitReason`, and an `EpisodeResult` whose
-trajectory is the gateway's token record of the conversation.
+`MiniSweAgent` is the registry's `mini-swe-agent[:CONFIG]` agent (agent/registry.py): its per-run
+resource is a `HarnessGateway` over the run's engine (started by `start`, one per run or per Ray
+actor), and its `run` is one episode in the sandbox `run_episode` set up. The episode is the same as
+a ReAct one everywhere else: the task's sandbox and setup, the task's verifier inside the sandbox
+before teardown, one `ExitReason`, and an `EpisodeResult` whose segments are the gateway's token
+record of the conversation, one per chain.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from uniagent.agent.base import Episode, TaskView
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.loop import verify_episode
 from uniagent.agent.result import EpisodeResult, ExitReason
@@ -34,7 +38,7 @@ from uniagent.gateway.sessions import Session, SessionConfig
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task
-from uniagent.tasks.episode import failed_result, setup_episode
+from uniagent.tasks.episode import failed_result, run_episode
 from uniagent.tokens import ChatCodec
 
 log = logging.getLogger(__name__)
@@ -201,7 +205,7 @@ def mini_config(spec: str | None) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def task_text(task: Task) -> str:
+def task_text(task: TaskView) -> str:
     """What the harness is asked to do: the row's problem, else the task's last user message."""
     for key in ("problem_statement", "question", "task"):
         value = task.row.get(key)
@@ -214,7 +218,9 @@ def task_text(task: Task) -> str:
 class HarnessGateway:
     """One in-process gateway over the run's engine, serving every harness episode of a run."""
 
-    def __init__(self, kind: str, engine: TokenEngine, codec: ChatCodec, token: str | None = None) -> None:
+    def __init__(
+        self, kind: str, engine: TokenEngine | None, codec: ChatCodec | None, token: str | None = None
+    ) -> None:
         if engine is None or codec is None:
             raise ConfigError(
                 f"agent kind {kind!r} runs through the gateway and needs a token engine: "
@@ -228,7 +234,7 @@ class HarnessGateway:
 
     @classmethod
     async def start(
-        cls, kind: str, engine: TokenEngine, codec: ChatCodec, token: str | None = None
+        cls, kind: str, engine: TokenEngine | None, codec: ChatCodec | None, token: str | None = None
     ) -> HarnessGateway:
         self = cls(kind, engine, codec, token)
         await asyncio.to_thread(import_mini)
@@ -253,21 +259,48 @@ class HarnessGateway:
         agent: AgentConfig | None = None,
         sandbox: dict[str, Any] | None = None,
     ) -> EpisodeResult:
-        """A harness episode; `model` is the run's per-episode `TokenChatModel` (its sampling,
-        parser and request id are the session's). Never raises for episode-level failures."""
-        return await run_harness_episode(self, task, model, agent, sandbox)
+        """The one episode entry (`tasks.episode.run_episode`) with this gateway's harness as the
+        agent; `model` is the episode's `TokenChatModel`."""
+        return await run_episode(task, model, agent, sandbox, agent=MiniSweAgent.over(self))
 
 
-async def run_harness_episode(
-    harness: HarnessGateway,
-    task: Task,
-    model: Any,
-    agent: AgentConfig | None = None,
-    sandbox: dict[str, Any] | None = None,
-) -> EpisodeResult:
-    agent = agent or AgentConfig()
-    metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": harness.kind}
-    t0 = time.perf_counter()
+class MiniSweAgent:
+    """The `mini-swe-agent[:CONFIG]` agent (CONFIG: a mini config name or YAML path; default
+    mini's bundled `mini.yaml`). Each episode is a session of the gateway `start` opens over the
+    run's engine; `model` must be a `TokenChatModel` (its sampling, parser and request id are the
+    session's)."""
+
+    name = "mini-swe-agent"
+
+    def __init__(self, config: str | None = None) -> None:
+        self.kind = f"{self.name}:{config}" if config else self.name
+        self.harness: HarnessGateway | None = None
+
+    @classmethod
+    def over(cls, harness: HarnessGateway) -> MiniSweAgent:
+        """The agent over an already started gateway (its owner closes it)."""
+        self = cls.__new__(cls)
+        self.kind, self.harness = harness.kind, harness
+        return self
+
+    async def start(self, engine: TokenEngine | None, codec: ChatCodec | None) -> None:
+        self.harness = await HarnessGateway.start(self.kind, engine, codec)
+
+    async def close(self) -> None:
+        if self.harness is not None:
+            await self.harness.close()
+            self.harness = None
+
+    async def run(self, episode: Episode) -> EpisodeResult:
+        if self.harness is None:
+            raise RuntimeError("MiniSweAgent.run before start()")
+        return await run_harness_episode(self.harness, episode)
+
+
+async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> EpisodeResult:
+    """One harness episode in the sandbox `run_episode` set up (and stops)."""
+    task, sb, model, metrics = episode.task, episode.sandbox, episode.model, episode.metrics
+    agent = episode.config
     if not all(hasattr(model, a) for a in ("sampling", "parser", "request_id")):
         return failed_result(
             task,
@@ -275,12 +308,8 @@ async def run_harness_episode(
             "harness episodes need a token-level model (TokenChatModel)",
             metrics,
         )
-    ready = await setup_episode(task, sandbox, metrics)
-    task, sb = ready.task, ready.sandbox
     session: Session | None = None
     try:
-        if ready.failure is not None or sb is None:
-            return ready.failure  # type: ignore[return-value]
         try:
             uname = await sb.exec("uname -s; uname -r; uname -v; uname -m", timeout=30)
         except (SandboxError, OSError, TimeoutError) as exc:
@@ -308,20 +337,15 @@ async def run_harness_episode(
             session.state = "finalized"
             session.reward = result.reward.value if result.reward else None
         return result
-    except asyncio.CancelledError:
-        return failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     finally:
         if session is not None:
             harness.gateway.sessions.close(session, "deleted")
-        if sb is not None:
-            await asyncio.shield(sb.stop())
-        metrics["episode_s"] = time.perf_counter() - t0
 
 
 async def _run_mini(
     harness: HarnessGateway,
     session: Session,
-    task: Task,
+    task: TaskView,
     sb: Sandbox,
     agent_cfg: AgentConfig,
     template_vars: dict[str, Any],
@@ -469,6 +493,6 @@ async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
     result.metrics["completion_tokens"] = sum(t.num_model_tokens for t in trajs)
 
 
-async def _verify(task: Task, sb: Sandbox, result: EpisodeResult, agent: AgentConfig) -> None:
+async def _verify(task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig) -> None:
     """The task's verifier in the sandbox, with the ReAct loop's failure semantics."""
     await verify_episode(task.score, sb, result, agent.verifier_timeout_s)

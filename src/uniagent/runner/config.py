@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.registry import AgentKind
 from uniagent.errors import ConfigError
 from uniagent.models.config import ModelConfig
 
@@ -66,19 +67,11 @@ class RunConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
-    agent_kind: str = Field(
+    agent_kind: AgentKind = Field(
         "react",
-        pattern=r"^(react|mini-swe-agent(:.+)?)$",
-        description="react (our loop) | mini-swe-agent[:CONFIG] (a black-box harness through the gateway)",
+        description="who acts, a kind of the agent registry: react (our loop) | "
+        "mini-swe-agent[:CONFIG] (a black-box harness through the gateway)",
     )
-
-    @field_validator("agent_kind")
-    @classmethod
-    def _harness_backend(cls, kind: str, info: Any) -> str:
-        runner = info.data.get("runner")
-        if kind != "react" and runner is not None and runner.backend != "local":
-            raise ValueError(f"agent_kind {kind!r} runs with runner.backend local only")
-        return kind
 
 
 def set_dotted(data: dict[str, Any], key: str, raw: str) -> None:

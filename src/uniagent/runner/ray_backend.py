@@ -1,9 +1,11 @@
 """The same run spread over a Ray cluster: episodes execute in Ray actors, results come back
 to the driver, which stores them exactly as the local backend does.
 
-Each actor builds its own model factory once (one engine per actor) and runs several
-episodes concurrently on its own event loop. Task rows travel as plain dicts; a row's
-`repo_dir` must be readable on the workers (a shared filesystem on multi-node clusters).
+Each actor builds its own model factory once (one engine per actor) and starts its own agent
+over it (a harness agent's gateway is one per actor), and runs several episodes concurrently on
+its own event loop through the same `run_episode` as the local backend. Task rows travel as
+plain dicts; a row's `repo_dir` must be readable on the workers (a shared filesystem on
+multi-node clusters).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class EpisodeActor:
     def __init__(self, config_json: dict[str, Any]) -> None:
         self.config = RunConfig.model_validate(config_json)
         self.factory: Any = None
+        self.agent: Any = None
         self._lock = asyncio.Lock()
         self.tmp = claim_actor_tmp()
 
@@ -71,14 +74,27 @@ class EpisodeActor:
                 await self.factory.start()
         return self.factory
 
+    async def _ensure_agent(self) -> Any:
+        """This actor's agent, started over its engine on the first episode (closed in `close`)."""
+        factory = await self._ensure()
+        async with self._lock:
+            if self.agent is None:
+                from uniagent.agent.registry import create_agent
+
+                agent = create_agent(self.config.agent_kind)
+                await agent.start(factory.engine, factory.codec)
+                self.agent = agent
+        return self.agent
+
     async def run(self, family: str, row: dict[str, Any], source: str | None, sample: int) -> dict[str, Any]:
         from uniagent.tasks.episode import run_episode
         from uniagent.tasks.registry import family_class
 
         factory = await self._ensure()
+        agent = await self._ensure_agent()
         task = family_class(family).from_row(row, source)
         model = factory.new_model(task.instance_id, sample, self.config.runner.seed)
-        result = await run_episode(task, model, self.config.agent, self.config.sandbox)
+        result = await run_episode(task, model, self.config.agent, self.config.sandbox, agent=agent)
         return result.to_dict()  # the driver marks a text-only model's episodes untrainable
 
     async def preflight(self, sandbox_cfg: dict[str, Any]) -> str | None:
@@ -88,6 +104,7 @@ class EpisodeActor:
 
         try:
             await preflight(await self._ensure(), sandbox_cfg)
+            await self._ensure_agent()  # e.g. a harness agent over a text-only model
         except UniAgentError as exc:
             return str(exc)
         return None
@@ -96,7 +113,10 @@ class EpisodeActor:
         return "ok"
 
     async def close(self) -> None:
-        """The run is over: release the model and remove this actor's temporary folder."""
+        """The run is over: release the agent, the model and this actor's temporary folder."""
+        if self.agent is not None:
+            await self.agent.close()
+            self.agent = None
         if self.factory is not None:
             await self.factory.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from uniagent.agent.base import Agent
+from uniagent.agent.registry import open_agent
 from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError, RunStoppedError
 from uniagent.models.factory import ModelFactory
@@ -154,17 +156,13 @@ class Runner:
         await factory.start()
         freeze_startup_objects()
         sem = asyncio.Semaphore(cfg.runner.concurrency)
-        harness = None
 
-        async def one(task: Task, sample: int) -> None:
+        async def one(task: Task, sample: int, agent: Agent) -> None:
             async with sem:
                 if self.stopped:
                     return  # left for --resume
                 model = factory.new_model(task.instance_id, sample, cfg.runner.seed)
-                if harness is not None:
-                    result = await harness.run_episode(task, model, cfg.agent, cfg.sandbox)
-                else:
-                    result = await run_episode(task, model, cfg.agent, cfg.sandbox)
+                result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
                 # Serialising, redacting (token-level redaction decodes whole trajectories) and
                 # committing an episode are CPU and disk work: off the event loop.
                 iid, trainable = task.instance_id, factory.trainable
@@ -177,14 +175,10 @@ class Runner:
         try:
             if cfg.runner.preflight:
                 await preflight(factory, todo[0][0].sandbox_config(cfg.sandbox))
-            if cfg.agent_kind != "react":  # a black-box harness talking to an in-process gateway
-                from uniagent.gateway.harness import HarnessGateway
-
-                harness = await HarnessGateway.start(cfg.agent_kind, factory.engine, factory.codec)
-            await asyncio.gather(*(one(t, s) for t, s in todo))
+            # the agent's per-run resources (a harness's gateway) serve every episode of the run
+            async with open_agent(cfg.agent_kind, factory.engine, factory.codec) as agent:
+                await asyncio.gather(*(one(t, s, agent) for t, s in todo))
         finally:
-            if harness is not None:
-                await harness.close()
             await factory.close()
 
     def _record(

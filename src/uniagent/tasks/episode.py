@@ -1,20 +1,26 @@
-"""One episode end to end: sandbox up, task setup, the agent loop, verification, sandbox down.
+"""One episode end to end: sandbox up, task setup, the agent, verification, sandbox down.
 
-This is the single entry shared by `uniagent run`, `uniagent verify`, the verl agent loop and
-the local trainer, so an episode means the same thing everywhere.
+`run_episode` is the single entry shared by `uniagent run` (local and Ray), `uniagent verify`, the
+verl agent loop and the local trainer, so an episode means the same thing everywhere, whichever
+agent acts (`react`, `mini-swe-agent`, any agent of the registry, agent/registry.py).
+`episode_sandbox` is the set-up every agent shares.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from uniagent import sandbox as sandboxes
-from uniagent.agent import AgentConfig, AgentInteraction, EpisodeResult, ExitReason
+from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
+from uniagent.agent.base import Agent, Episode, TaskView
+from uniagent.agent.react import ReactAgent
 from uniagent.errors import SandboxError
 from uniagent.models.base import ChatModel
 from uniagent.sandbox.base import Sandbox
@@ -24,7 +30,7 @@ from uniagent.tools import Tool, build_tools, install_tool_scripts
 log = logging.getLogger(__name__)
 
 
-def failed_result(task: Task, reason: ExitReason, error: str, metrics: dict[str, Any]) -> EpisodeResult:
+def failed_result(task: TaskView, reason: ExitReason, error: str, metrics: dict[str, Any]) -> EpisodeResult:
     """An episode that ended before (or outside) the agent loop."""
     messages = task.messages() if reason != ExitReason.INTERNAL_ERROR else []
     return EpisodeResult(messages, None, reason, None, metrics, error=error)
@@ -75,27 +81,54 @@ async def setup_episode(
     return EpisodeSetup(task, sb, tools)
 
 
+@contextlib.asynccontextmanager
+async def episode_sandbox(
+    task: Task, sandbox_cfg: dict[str, Any] | None, metrics: dict[str, Any]
+) -> AsyncIterator[EpisodeSetup]:
+    """`setup_episode` for the block, the sandbox stopped after it however the block ends
+    (shielded: a cancelled episode still tears its sandbox down). The one set-up every agent
+    gets; `failure` set means there is no sandbox to act in."""
+    ready = await setup_episode(task, sandbox_cfg, metrics)
+    try:
+        yield ready
+    finally:
+        if ready.sandbox is not None:
+            await asyncio.shield(ready.sandbox.stop())
+
+
+REACT: Agent = ReactAgent()
+"""The default agent; it needs no per-run resources, so it is never started or closed."""
+
+
 async def run_episode(
     task: Task,
     model: ChatModel,
-    agent: AgentConfig | None = None,
+    config: AgentConfig | None = None,
     sandbox: dict[str, Any] | None = None,
+    *,
+    agent: Agent | None = None,
 ) -> EpisodeResult:
-    """Never raises for episode-level failures: they come back as an exit reason."""
-    metrics: dict[str, Any] = {"instance_id": task.instance_id}
+    """`task` with `model` acted by `agent` (a started one, see `agent.registry.open_agent`;
+    default: the ReAct loop) under the budgets in `config`, in a sandbox from `sandbox` (the run's
+    settings; the task completes them). Never raises for episode-level failures: they come back
+    as an exit reason."""
+    agent = agent or REACT
+    metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": agent.name}
     t0 = time.perf_counter()
-    ready: EpisodeSetup | None = None
+    result: EpisodeResult | None = None
     try:
-        ready = await setup_episode(task, sandbox, metrics)
-        if ready.failure is not None or ready.sandbox is None:
-            return ready.failure  # type: ignore[return-value]
-        loop = AgentInteraction(model, ready.tools, agent)
-        result = await loop.run(ready.task.messages(), ready.sandbox, verifier=ready.task.score)
-        result.metrics.update(metrics)
-        return result
+        async with episode_sandbox(task, sandbox, metrics) as ready:
+            if ready.failure is not None or ready.sandbox is None:
+                result = ready.failure
+            else:
+                episode = Episode(
+                    ready.task, ready.sandbox, ready.tools, model, config or AgentConfig(), metrics
+                )
+                result = await agent.run(episode)
+                for key, value in metrics.items():  # the set-up's figures; the agent's own win
+                    result.metrics.setdefault(key, value)
     except asyncio.CancelledError:
-        return failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
-    finally:
-        if ready is not None and ready.sandbox is not None:
-            await asyncio.shield(ready.sandbox.stop())
-        metrics["episode_s"] = time.perf_counter() - t0
+        result = failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
+    assert result is not None
+    result.metrics["episode_s"] = time.perf_counter() - t0
+    return result

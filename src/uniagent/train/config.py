@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.registry import AgentKind
 from uniagent.parsers.registry import known_parser
 from uniagent.runner.config import load_config_data, validate_config
 
@@ -168,6 +169,7 @@ class TrainConfig(BaseModel):
     model: TrainModelConfig = Field(default_factory=TrainModelConfig)
     tasks: TrainTasksConfig = Field(default_factory=TrainTasksConfig)
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=1, max_format_errors=1))
+    agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
     sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
     algo: AlgoSection = Field(default_factory=AlgoSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)

@@ -3,7 +3,8 @@
 verl's `AgentLoopWorker` instantiates one agent loop per dataset row (hydra, from the YAML named by
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`) and awaits `run(sampling_params, **row)`.
 This loop rebuilds the row's uniagent Task and runs it with `run_episode`, the same function
-`uniagent run` uses: same sandbox, tools, AgentInteraction, verifier. Only the model differs: a
+`uniagent run` uses: same sandbox, tools, agent (`agent_kind`, default the ReAct loop; a harness
+agent gets a gateway over this sample's engine), verifier. Only the model differs: a
 `TokenChatModel` over `VerlEngine`, so the trajectory verl trains on is the token stream the policy
 actually produced, with its rollout logprobs.
 
@@ -17,6 +18,24 @@ Length rules (`episode_output`): the prompt is never cut from the head. A prompt
 at the head of the response as context (mask 0), so prompt + response is still exactly the token
 sequence the policy saw. The response is then cut at `rollout.response_length`, ids, mask and
 logprobs at the same index.
+
+Segments (`episode_outputs`): an episode whose history stopped being append-only (context
+condensed, a harness rewrote messages) has several segments, each an exact token sequence with its
+own prompt. verl 0.9's V1 trainer takes several outputs per sample: `AgentLoopWorkerTQ` (verl's
+`trainer/ppo/v1/agent_loop_tq.py`) accepts `AgentLoopOutput | list[AgentLoopOutput]` from `run`,
+stores each as a row keyed `{uid}_{session_id}_{index}` with the final output's reward, and
+`compute_advantage_for_multi_trajectories` (`trainer/ppo/v1/utils.py`) computes GRPO on each
+session's final output and broadcasts it to the session's rows. So under that worker (it passes
+`session_id`; nothing else does) `run` returns one output per segment that holds model tokens, in
+order, and every generated token is trained with the episode's advantage; GSPO's sequence ratio is
+then per segment (verl's `compute_policy_loss_gspo` normalises over a row's mask). Use GRPO there:
+verl's other estimators see each segment as a sample of the group. verl's other workers take one
+output per sample: the legacy `AgentLoopWorker._agent_loop_postprocess` pads exactly one output,
+and `RayPPOTrainer.fit` (`main_ppo` with `trainer.use_v1=False`, what our recipes set) unions the
+generated batch row for row with the prompts (`batch.union(gen_batch_output)`); the fully-async
+rollouter uses the same worker. There the loop returns the episode's last segment (the one that
+ends in the answer the reward is for) and says what was left out in `extra_fields`
+(`segments_dropped`, `dropped_model_tokens`); an episode of one segment loses nothing.
 
 Secrets: every episode goes through `uniagent.redact` (the environment's secrets and the sandbox
 settings' tokens) before verl sees it, as `uniagent run` stores it: an episode whose tokens held a
@@ -52,6 +71,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
+from uniagent.agent.registry import open_agent
 from uniagent.agent.result import check_infra_failures
 from uniagent.integrations.verl.engine import VerlEngine
 from uniagent.integrations.verl.settings import UniAgentLoopSettings, merge_settings, validate_settings
@@ -61,7 +81,7 @@ from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.redact import setting_secrets, shared_redactor
 from uniagent.tasks.episode import run_episode
-from uniagent.tokens import ChatCodec
+from uniagent.tokens import ChatCodec, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -159,20 +179,23 @@ class UniAgentLoop(AgentLoopBase):
             max_tokens=self.settings.max_tokens_per_turn or self.response_length,
         )
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """One output per trained segment under verl's V1 worker, else the last segment (module docstring)."""
         batch = await GUARD.join()
         try:
-            output = await self._run(sampling_params, **kwargs)
+            outputs = await self._run(sampling_params, **kwargs)
         except BaseException as exc:  # it fails the step by itself; counted so the batch still completes
             GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
             raise
-        fields = output.extra_fields
+        fields = outputs[-1].extra_fields
         GUARD.end(
             batch, ExitReason(fields["exit_reason"]), fields["error"], self.settings.max_infra_failure_share
         )
-        return output
+        return outputs if takes_several_outputs(kwargs) else outputs[-1]
 
-    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         spec = spec_from_extra_info(kwargs.get("extra_info"))
         task = task_from_spec(spec)
         extra = {k: sampling_params[k] for k in ("repetition_penalty",) if sampling_params.get(k) is not None}
@@ -191,13 +214,16 @@ class UniAgentLoop(AgentLoopBase):
             request_id=request_id,
             native_tools=self.settings.native_tools,
         )
-        result = await run_episode(task, model, self.agent_config(), dict(self.settings.sandbox))
+        async with open_agent(self.settings.agent_kind, engine, self.codec) as agent:
+            result = await run_episode(
+                task, model, self.agent_config(), dict(self.settings.sandbox), agent=agent
+            )
         result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))
         else:
             prompt_ids = result.trajectory.prompt_ids
-        return episode_output(
+        return episode_outputs(
             result,
             prompt_ids,
             prompt_length=self.prompt_length,
@@ -205,7 +231,46 @@ class UniAgentLoop(AgentLoopBase):
             untrainable_mask=self.settings.untrainable_mask,
             engine=engine,
             request_id=request_id,
+            all_segments=takes_several_outputs(kwargs),
         )
+
+
+def takes_several_outputs(row: dict[str, Any]) -> bool:
+    """Whether the verl worker that called `run` with `row` takes a list of outputs: verl 0.9's
+    `AgentLoopWorkerTQ._run_prompt` (the V1 trainer) passes `session_id`; its legacy
+    `AgentLoopWorker`, the fully-async rollouter's, passes only the dataset row and takes one."""
+    return "session_id" in row
+
+
+def episode_outputs(
+    result: EpisodeResult,
+    prompt_ids: list[int],
+    *,
+    all_segments: bool = True,
+    **kw: Any,
+) -> list[AgentLoopOutput]:
+    """The episode as verl outputs: one per segment holding model tokens (`all_segments`), else the last
+    segment alone with what it leaves out in `extra_fields`; the prompt alone when no turn ran."""
+    segments = list(result.segments or [])
+    if not segments:
+        return [episode_output(result, prompt_ids, **kw)]
+    last = len(segments) - 1
+    if not all_segments:
+        left = [t for t in segments[:-1] if t.num_model_tokens > 0]
+        dropped = sum(t.num_model_tokens for t in left)
+        return [
+            episode_output(
+                result,
+                prompt_ids,
+                segment=segments[-1],
+                segment_index=last,
+                segments_dropped=len(left),
+                dropped_model_tokens=dropped,
+                **kw,
+            )
+        ]
+    trained = [i for i, t in enumerate(segments) if t.num_model_tokens > 0] or [last]
+    return [episode_output(result, prompt_ids, segment=segments[i], segment_index=i, **kw) for i in trained]
 
 
 def episode_output(
@@ -217,9 +282,14 @@ def episode_output(
     untrainable_mask: Literal["zero", "keep"] = "zero",
     engine: VerlEngine | None = None,
     request_id: str | None = None,
+    segment: Trajectory | None = None,
+    segment_index: int | None = None,
+    segments_dropped: int = 0,
+    dropped_model_tokens: int = 0,
 ) -> AgentLoopOutput:
-    """An episode as verl's `AgentLoopOutput`, within verl's lengths and never misaligned."""
-    traj = result.trajectory
+    """One segment of an episode (`segment`, default the last) as verl's `AgentLoopOutput`, within
+    verl's lengths and never misaligned; `prompt_ids` when the episode has no segment."""
+    traj = segment if segment is not None else result.trajectory
     prompt = list(traj.prompt_ids if traj is not None else prompt_ids)
     response = list(traj.response_ids) if traj is not None else []
     mask = list(traj.response_mask) if traj is not None else []
@@ -243,6 +313,11 @@ def episode_output(
         "trainable": trainable,
         "untrainable_reason": metrics.get("untrainable_reason"),
         "drift": None if traj is None else traj.drift,
+        "segment_index": segment_index,
+        "segment_reason": None if traj is None else traj.reason,
+        "segments": len(result.segments or []),
+        "segments_dropped": segments_dropped,
+        "dropped_model_tokens": dropped_model_tokens,
         "instance_id": metrics.get("instance_id"),
         "request_id": request_id,
         "prompt_overflow": overflow,

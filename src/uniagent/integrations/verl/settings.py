@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.registry import AgentKind
 from uniagent.errors import ConfigError
 from uniagent.parsers.registry import known_parser
 from uniagent.runner.config import set_dotted, validate_config
@@ -43,6 +44,7 @@ class UniAgentLoopSettings(BaseModel):
 
     sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="the episode's budgets")
+    agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
     parser: str = Field("hermes", description="tool-call format the policy writes")
     native_tools: bool | None = Field(None, description="None: native when the template renders tools")
     max_tokens_per_turn: int | None = Field(

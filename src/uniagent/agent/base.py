@@ -1,0 +1,72 @@
+"""The Agent seam: who acts in an episode, behind one signature.
+
+The runner, the Ray backend, the verl loop and the local trainer all run an episode the same way
+(`uniagent.tasks.episode.run_episode`): the shared sandbox set-up (sandbox up, task setup, tool
+scripts; always stopped), then `await agent.run(episode)` with the set-up `Episode`, then the
+sandbox down. What differs between agents is only `run`: the ReAct loop (`react`), a black-box
+harness talking to a gateway session (`mini-swe-agent`), or any agent added through the registry
+(agent/registry.py).
+
+An agent may need resources that outlive one episode (a harness's gateway serves every episode of
+a run): `start(engine, codec)` builds them before the first episode, `close()` releases them after
+the last; `uniagent.agent.registry.open_agent` does both around a block. The engine and codec are
+the run's (`None` for a text-only model): an agent that cannot work without them says so in
+`start` with a `ConfigError`.
+
+This layer sits below `tasks`, so an agent sees a task through `TaskView`, the few members of
+`uniagent.tasks.Task` an agent uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from uniagent.agent.config import AgentConfig
+from uniagent.agent.result import EpisodeResult, Reward
+from uniagent.models.base import ChatModel, TokenEngine
+from uniagent.sandbox.base import Sandbox
+from uniagent.tokens import ChatCodec
+from uniagent.tools.base import Tool
+
+
+class TaskView(Protocol):
+    """What an agent may use of a task (`uniagent.tasks.Task` has all of it)."""
+
+    instance_id: str
+    row: dict[str, Any]
+
+    def messages(self) -> list[dict[str, Any]]: ...
+
+    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward: ...
+
+
+@dataclass
+class Episode:
+    """One episode, set up and handed to an agent: the task (already set up in `sandbox`), the
+    task's tools (their scripts installed there), the episode's model and budgets, and `metrics`,
+    the set-up's figures so far (the agent's result gets them)."""
+
+    task: TaskView
+    sandbox: Sandbox
+    tools: list[Tool]
+    model: ChatModel
+    config: AgentConfig = field(default_factory=AgentConfig)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Runs one episode of a task in a set-up sandbox with a model.
+
+    `run` never raises for an episode-level failure: every way out is one `ExitReason` in the
+    returned `EpisodeResult`, whose reward is the task's verifier's verdict (run inside the sandbox
+    before it is torn down) for a trainable exit. One agent object serves many episodes at once."""
+
+    name: str
+
+    async def start(self, engine: TokenEngine | None, codec: ChatCodec | None) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run(self, episode: Episode) -> EpisodeResult: ...
