@@ -1,0 +1,162 @@
+"""Drift by kind: a bug of ours, or sampled text that a fresh encoding would split differently.
+
+`ChatCodec.drift` finds the first token where a segment departs from a full render of its
+messages. That mixes two things:
+
+- **sampled**: the model sampled a non-canonical split of its own text (`" wor" "ld"` where the
+  tokenizer would write `" world"`). Decoding the sampled ids gives exactly the text the template
+  renders; only a re-encoding differs. Harmless for us (the record keeps the sampled ids and the
+  trainer sees what the engine produced) but fatal for a peer that re-renders the history.
+- **bookkeeping**: anything else: context tokens (prompt, tool results, turn glue) that differ
+  from the template's render, a missing or extra token, or a model span whose *text* the
+  template renders differently. Our token record then disagrees with the conversation: a bug.
+
+`drift_report` classifies the first difference and, after a sampled one, re-aligns the rest of
+the sequence on the text so that a later bookkeeping error is not hidden behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from uniagent.tokens.codec import ChatCodec
+from uniagent.tokens.trajectory import Trajectory
+
+MERGE_SLACK = 3
+"""Context tokens next to a model span that a re-encoding may merge with the model's text (a
+whitespace run across the boundary, e.g. the generation prompt's newline and a sampled newline)."""
+
+
+class DriftReport(NamedTuple):
+    """`index` in `trajectory.token_ids` (None: the segment equals the render) and its kind."""
+
+    index: int | None
+    kind: str | None
+
+
+def drift_report(
+    codec: ChatCodec,
+    messages: list[dict[str, Any]],
+    trajectory: Trajectory,
+    tools: list[dict[str, Any]] | None = None,
+    prompt_mask: Sequence[int] | None = None,
+) -> DriftReport:
+    """Where `trajectory` departs from a full render of `messages`, and whether it matters.
+
+    `messages` and `tools` are what the template sees (as for `ChatCodec.drift`). `prompt_mask`
+    marks prompt tokens the model generated in an earlier segment (a rollback keeps them); by
+    default the prompt is all context. The index is the first bookkeeping difference if there is
+    one, else the first sampled retokenization. Raises `TemplateError` when the messages cannot
+    be rendered.
+    """
+    ids = trajectory.token_ids
+    first = codec.drift(messages, ids, tools)
+    if first is None:
+        return DriftReport(None, None)
+    ends_with_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    reference = codec.encode(codec.render(messages, tools, add_generation_prompt=not ends_with_assistant))
+    if prompt_mask is not None and len(prompt_mask) != len(trajectory.prompt_ids):
+        raise ValueError(
+            f"prompt_mask has {len(prompt_mask)} entries for {len(trajectory.prompt_ids)} prompt ids"
+        )
+    mask = [*(prompt_mask or [0] * len(trajectory.prompt_ids)), *trajectory.response_mask]
+    bookkeeping, sampled = _align(codec, reference, ids, mask, ends_with_assistant)
+    if bookkeeping is not None:
+        return DriftReport(bookkeeping, "bookkeeping")
+    if sampled is not None:
+        return DriftReport(sampled, "sampled")
+    return DriftReport(first, "bookkeeping")  # not reached: a difference is always one or the other
+
+
+def episode_drift(segments: Sequence[Trajectory]) -> DriftReport:
+    """An episode's drift from its segments' (as set by `drift_report`): bookkeeping if any
+    segment has it, else sampled if any has it; the index is that segment's."""
+    for kind in ("bookkeeping", "sampled"):
+        for seg in segments:
+            if seg.drift is not None and seg.drift_kind == kind:
+                return DriftReport(seg.drift, kind)
+    for seg in segments:  # drift without a kind (a record from before kinds): count it as a problem
+        if seg.drift is not None:
+            return DriftReport(seg.drift, "bookkeeping")
+    return DriftReport(None, None)
+
+
+def _align(
+    codec: ChatCodec, ref: list[int], ids: list[int], mask: list[int], ends_with_assistant: bool
+) -> tuple[int | None, int | None]:
+    """Walk `ids` against `ref`; returns (first bookkeeping index, first sampled index).
+
+    Equal tokens are skipped. At a difference, the model run it falls in (or the model run a
+    context tail of at most MERGE_SLACK tokens leads into) is decoded and looked up in `ref` as
+    text; found, it is a sampled retokenization and the walk continues after it, allowing the
+    re-encoding to spill up to MERGE_SLACK tokens into the following context. Anything else is
+    bookkeeping.
+    """
+    n, k, r = len(ids), 0, 0
+    sampled: int | None = None
+    while True:
+        while k < n and r < len(ref) and ids[k] == ref[r]:
+            k += 1
+            r += 1
+        if k == n:
+            if r < len(ref) and not ends_with_assistant:
+                return n, sampled  # the render goes on: tokens we never appended
+            return None, sampled
+        if r == len(ref):
+            return k, sampled  # tokens the render does not have
+        end = _run_end(mask, k)
+        if not mask[k]:
+            if end - k > MERGE_SLACK or end == n:
+                return k, sampled  # a context token the template would not write
+            end = _run_end(mask, end)  # a short context tail merged into the next model run
+        spill_limit = _run_end(mask, end) if end < n else n
+        found: tuple[int, int] | None = None
+        text_only: int | None = None
+        for b in range(end, min(end + MERGE_SLACK, spill_limit) + 1):
+            e = _find_text(codec, ref, r, codec.decode(ids[k:b]))
+            if e is None:
+                continue
+            if b == end:
+                text_only = e
+            if b == n or (e < len(ref) and ref[e] == ids[b]) or e == len(ref):
+                found = (b, e)
+                break
+        if found is None:
+            if text_only is None:
+                return k, sampled  # the model's text is not what the template renders
+            return end, (k if sampled is None else sampled)  # the context after it differs
+        if sampled is None:
+            sampled = k
+        k, r = found
+
+
+def _run_end(mask: list[int], k: int) -> int:
+    """End of the run of equal mask values that starts at or contains `k`."""
+    end = k
+    while end < len(mask) and mask[end] == mask[k]:
+        end += 1
+    return end
+
+
+def _find_text(codec: ChatCodec, ref: list[int], start: int, text: str) -> int | None:
+    """The end `e` with `decode(ref[start:e]) == text`, or None.
+
+    A text of b bytes is at most b tokens, so the search is bounded; the decoded length grows
+    with `e`, so a binary search finds the candidate and its neighbours settle multi-byte
+    characters split across tokens.
+    """
+    if not text:
+        return start
+    hi = min(len(ref), start + len(text.encode("utf-8")) + 2)
+    lo, top = start, hi
+    while lo < top:
+        mid = (lo + top) // 2
+        if len(codec.decode(ref[start:mid])) >= len(text):
+            top = mid
+        else:
+            lo = mid + 1
+    for e in range(max(start, lo - 2), min(hi, lo + 3) + 1):
+        if codec.decode(ref[start:e]) == text:
+            return e
+    return None

@@ -1,0 +1,205 @@
+"""Drift by kind on the real SmolLM2 codec: a sampled retokenization (harmless) vs a bookkeeping
+error (ours), including a bookkeeping error hidden behind an earlier sampled one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from uniagent.tokens import ChatCodec, Trajectory
+from uniagent.tokens.drift import DriftReport, drift_report, episode_drift
+
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Fix the failing test."},
+    {"role": "assistant", "content": "Let me look at the world first."},
+    {"role": "tool", "content": "file_1.py\nREADME.md\nsetup.cfg"},
+    {"role": "assistant", "content": "The test imports a missing module."},
+    {"role": "user", "content": "Then fix it."},
+    {"role": "assistant", "content": "Done: the import is fixed."},
+]
+
+
+def canonical(codec: ChatCodec, text: str) -> list[int]:
+    """What a model that samples the tokenizer's own split emits: the text, then end-of-turn."""
+    return codec.encode(text) + codec.eot_ids
+
+
+def char_split(codec: ChatCodec, text: str, word: str) -> list[int]:
+    """The same text with `word` sampled one character per token (a non-canonical split)."""
+    before, after = text.split(word, 1)
+    ids = codec.encode(before) + [t for ch in word for t in codec.encode(ch)] + codec.encode(after)
+    assert codec.decode(ids) == text and ids != codec.encode(text)
+    return ids + codec.eot_ids
+
+
+def episode(
+    codec: ChatCodec, messages: list[dict[str, Any]], generations: dict[int, list[int]] | None = None
+) -> Trajectory:
+    """Build a segment the way TokenChatModel does: first prompt, generations (mask 1),
+    continuations (mask 0). `generations` overrides the ids sampled for an assistant message."""
+    generations = generations or {}
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    traj = Trajectory(prompt_ids=codec.prompt_ids(messages[:first]))
+    i = first
+    while i < len(messages):
+        gen = generations.get(i) or canonical(codec, messages[i]["content"])
+        traj.add_generation(gen, [-0.25] * len(gen))
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if i + 1 < j:
+            traj.add_context(codec.continuation_ids(messages[i + 1 : j]), role=messages[i + 1]["role"])
+        i = j
+    return traj
+
+
+def context_index(traj: Trajectory, role: str, offset: int = 1) -> int:
+    """An index (in token_ids) inside the first context span of `role`."""
+    span = next(s for s in traj.spans if s.kind == "context" and s.role == role)
+    assert span.length > offset + 2
+    return len(traj.prompt_ids) + span.start + offset
+
+
+def test_no_drift(codec):
+    traj = episode(codec, MESSAGES)
+    assert drift_report(codec, MESSAGES, traj) == DriftReport(None, None)
+
+
+def test_non_canonical_split_of_sampled_text_is_sampled(codec):
+    text = MESSAGES[2]["content"]
+    traj = episode(codec, MESSAGES, {2: char_split(codec, text, "world")})
+    first = codec.drift(MESSAGES, traj.token_ids)
+    assert first is not None and traj.token_ids[first] != codec.encode(codec.render(MESSAGES))[first]
+    index, kind = drift_report(codec, MESSAGES, traj)
+    assert (index, kind) == (first, "sampled")
+    assert traj.response_mask[index - len(traj.prompt_ids)] == 1
+
+
+def test_sampled_retokenization_in_the_last_turn_and_several_turns(codec):
+    gens = {
+        2: char_split(codec, MESSAGES[2]["content"], "world"),
+        4: char_split(codec, MESSAGES[4]["content"], "missing"),
+        6: char_split(codec, MESSAGES[6]["content"], "import"),
+    }
+    traj = episode(codec, MESSAGES, gens)
+    assert drift_report(codec, MESSAGES, traj) == DriftReport(
+        codec.drift(MESSAGES, traj.token_ids), "sampled"
+    )
+
+
+def test_tampered_context_token_is_bookkeeping(codec):
+    traj = episode(codec, MESSAGES)
+    at = context_index(traj, "tool", 2)
+    traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
+    assert drift_report(codec, MESSAGES, traj) == DriftReport(at, "bookkeeping")
+
+
+def test_context_with_the_right_text_but_another_split_is_bookkeeping(codec):
+    """Same text, other ids, in a tool result: our continuation differs from the template's."""
+    traj = episode(codec, MESSAGES)
+    span = next(s for s in traj.spans if s.kind == "context" and s.role == "tool")
+    ctx = traj.response_ids[span.start : span.end]
+    text = codec.decode(ctx)
+    word = "README"
+    at = text.index(word)
+    split = (
+        codec.encode(text[:at])
+        + [t for ch in word for t in codec.encode(ch)]
+        + codec.encode(text[at + len(word) :])
+    )
+    assert codec.decode(split) == text and split != ctx
+    rebuilt = Trajectory(prompt_ids=traj.prompt_ids)
+    for s in traj.spans:
+        ids = traj.response_ids[s.start : s.end]
+        if s.kind == "model":
+            rebuilt.add_generation(ids, traj.response_logprobs[s.start : s.end])
+        else:
+            rebuilt.add_context(split if s is span else ids, role=s.role)
+    index, kind = drift_report(codec, MESSAGES, rebuilt)
+    assert kind == "bookkeeping" and index == codec.drift(MESSAGES, rebuilt.token_ids)
+
+
+def test_bookkeeping_after_a_sampled_retokenization_is_not_hidden(codec):
+    """The first difference is sampled; the rest is re-aligned on the text and a tampered tool
+    result after it is still found, at its own index."""
+    traj = episode(codec, MESSAGES, {2: char_split(codec, MESSAGES[2]["content"], "world")})
+    sampled_at = codec.drift(MESSAGES, traj.token_ids)
+    at = context_index(traj, "tool", 2)
+    traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
+    assert codec.drift(MESSAGES, traj.token_ids) == sampled_at  # the old check saw only the first
+    assert drift_report(codec, MESSAGES, traj) == DriftReport(at, "bookkeeping")
+
+
+def test_model_text_the_template_renders_differently_is_bookkeeping(codec):
+    """A sampled span whose text is not the message the template renders: not a re-encoding."""
+    gens = {4: canonical(codec, "The test imports a missing package.")}
+    traj = episode(codec, MESSAGES, gens)
+    index, kind = drift_report(codec, MESSAGES, traj)
+    assert kind == "bookkeeping" and index == codec.drift(MESSAGES, traj.token_ids)
+
+
+def test_missing_and_extra_tokens_are_bookkeeping(codec):
+    convo = MESSAGES[:-1]  # ends with a user turn: the generation prompt is due
+    traj = episode(codec, MESSAGES[:-2])
+    traj.add_context(codec.continuation_ids(MESSAGES[5:6])[:-2], role="user")
+    assert drift_report(codec, convo, traj) == DriftReport(len(traj.token_ids), "bookkeeping")
+    full = episode(codec, MESSAGES)
+    full.add_context([codec.encode("x")[0]])
+    ref = codec.encode(codec.render(MESSAGES, add_generation_prompt=False))
+    assert drift_report(codec, MESSAGES, full) == DriftReport(len(ref) - 1, "bookkeeping")
+
+
+def test_sampled_tokens_kept_in_a_rollback_prompt(codec):
+    """A segment whose prompt holds earlier generated tokens: sampled only when `prompt_mask`
+    says they were generated."""
+    text = MESSAGES[2]["content"]
+    prompt = codec.prompt_ids(MESSAGES[:2])
+    gen = char_split(codec, text, "world")
+    cont = codec.continuation_ids(MESSAGES[3:4])
+    traj = Trajectory(prompt_ids=prompt + gen + cont, reason="rollback")
+    last = canonical(codec, MESSAGES[4]["content"])
+    traj.add_generation(last, [-0.5] * len(last))
+    convo = MESSAGES[:5]
+    mask = [0] * len(prompt) + [1] * len(gen) + [0] * len(cont)
+    first = codec.drift(convo, traj.token_ids)
+    assert drift_report(codec, convo, traj, prompt_mask=mask) == DriftReport(first, "sampled")
+    assert drift_report(codec, convo, traj) == DriftReport(first, "bookkeeping")
+    with pytest.raises(ValueError):
+        drift_report(codec, convo, traj, prompt_mask=[0])
+
+
+def test_episode_drift_counts_bookkeeping_first():
+    def seg(drift: int | None, kind: str | None) -> Trajectory:
+        return Trajectory(prompt_ids=[1], drift=drift, drift_kind=kind)
+
+    assert episode_drift([]) == DriftReport(None, None)
+    assert episode_drift([seg(None, None), seg(None, None)]) == DriftReport(None, None)
+    assert episode_drift([seg(7, "sampled"), seg(None, None)]) == DriftReport(7, "sampled")
+    assert episode_drift([seg(7, "sampled"), seg(3, "bookkeeping")]) == DriftReport(3, "bookkeeping")
+    assert episode_drift([seg(5, None)]) == DriftReport(5, "bookkeeping")  # a record without a kind
+
+
+def test_generation_prompt_space_merged_into_sampled_text_is_sampled(smol_tokenizer):
+    """A template whose generation prompt ends with a space: the render encodes `: Hello` as
+    `:`, ` Hello` while the model, having seen the space, sampled `Hello`. The difference starts
+    in the context (the space) but is the sampled text's re-encoding, not ours."""
+    from tokens_sim import tokenizer_for
+
+    template = smol_tokenizer.chat_template
+    spaced = template.replace(
+        "message['role'] + '\n' + message['content']", "message['role'] + ': ' + message['content']"
+    ).replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant: '")
+    assert spaced.count("': '") == 1 and "assistant: " in spaced
+    codec = ChatCodec(tokenizer_for(smol_tokenizer, spaced))
+    convo = [MESSAGES[1], MESSAGES[2], MESSAGES[5], MESSAGES[6]]  # user, assistant, user, assistant
+    traj = episode(codec, convo)
+    index, kind = drift_report(codec, convo, traj)
+    assert kind == "sampled" and index == codec.drift(convo, traj.token_ids)
+    assert index == len(traj.prompt_ids) - 1  # the prompt's trailing space, right before sampled text
+    span = next(s for s in traj.spans if s.kind == "context")
+    traj.response_ids[span.start + 4] = codec.encode(" banana")[0]
+    assert drift_report(codec, convo, traj) == DriftReport(
+        len(traj.prompt_ids) + span.start + 4, "bookkeeping"
+    )
