@@ -55,11 +55,10 @@ async def episodes_through(
     await run(config)
     sequences: Sequences = []
     for row in RunStore(out / "run.db", readonly=True).rows():
-        traj = row["trajectory"]
-        if traj and sum(traj["response_mask"]):
-            sequences.append(
-                (traj["prompt_ids"], traj["response_ids"], traj["response_mask"], traj["response_logprobs"])
-            )
+        for traj in row["segments"]:  # every segment is its own sequence
+            if sum(traj["response_mask"]):
+                keys = ("prompt_ids", "response_ids", "response_mask", "response_logprobs")
+                sequences.append(tuple(traj[k] for k in keys))
     return sequences
 
 

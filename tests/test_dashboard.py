@@ -24,6 +24,7 @@ from dashboard_helpers import (
     infra_failure_row,
     replay_run,
 )
+from segment_helpers import segmented_run, two_segment_result
 from uniagent.runner import RunStore, summarize
 from uniagent.runner.redact import MASK, Redactor
 from uniagent.tokens import ChatCodec
@@ -114,9 +115,9 @@ def test_episode_detail_has_conversation_patch_verifier_and_turns(client: TestCl
     assert "git apply" in json.loads(calls[0]["function"]["arguments"])["command"]
     assert any(m["role"] == "tool" for m in ep["messages"])
     assert isinstance(ep["verifier"], dict) and ep["verifier"] == stored[(iid, sample)]["verifier"]
-    traj = stored[(iid, sample)]["trajectory"]
-    assert "trajectory" not in ep and ep["has_trajectory"]
-    assert ep["trajectory_summary"]["model_tokens"] == sum(traj["response_mask"])
+    (traj,) = stored[(iid, sample)]["segments"]
+    assert ep["has_trajectory"] and ep["num_segments"] == 1 and ep["segments"][0]["reason"] == "start"
+    assert ep["segments"][0]["model_tokens"] == sum(traj["response_mask"])
     turns = ep["turn_table"]
     assert len(turns) == ep["turns"] == 2
     assert sum(t["model_tokens"] for t in turns) == sum(traj["response_mask"])
@@ -127,7 +128,7 @@ def test_episode_detail_has_conversation_patch_verifier_and_turns(client: TestCl
 
 def test_token_view_matches_the_stored_trajectory(client: TestClient, stored, smol_tokenizer) -> None:
     iid, sample = next(k for k, r in stored.items() if r["resolved"])
-    traj = stored[(iid, sample)]["trajectory"]
+    (traj,) = stored[(iid, sample)]["segments"]
     data = client.get(f"/api/runs/0/episodes/{iid}/{sample}/tokens").json()
     n_prompt = len(traj["prompt_ids"])
     assert data["prompt_len"] == n_prompt and data["drift"] == traj["drift"]
@@ -146,6 +147,32 @@ def test_token_view_matches_the_stored_trajectory(client: TestClient, stored, sm
     assert infra.status_code == 404 and "no token trajectory" in infra.json()["detail"]
 
 
+def test_every_segment_is_shown_and_the_token_view_takes_one_at_a_time(tmp_path: Path, codec) -> None:
+    segments = two_segment_result(codec).segments
+    with TestClient(create_app(DashboardConfig([segmented_run(tmp_path, codec)]))) as c:
+        (light,) = c.get("/api/runs/0/episodes").json()["episodes"]
+        assert light["num_segments"] == 2
+        ep = c.get("/api/runs/0/episodes/seg-001/0").json()
+        assert ep["num_segments"] == 2 and [s["reason"] for s in ep["segments"]] == ["start", "rewritten"]
+        assert [s["model_tokens"] for s in ep["segments"]] == [t.num_model_tokens for t in segments]
+        assert [s["prompt_tokens"] for s in ep["segments"]] == [len(t.prompt_ids) for t in segments]
+        # Turns run on across segments: two in the first, the third in the second.
+        assert [(t["turn"], t["segment"]) for t in ep["turn_table"]] == [(0, 0), (1, 0), (2, 1)]
+        assert sum(t["model_tokens"] for t in ep["turn_table"]) == sum(t.num_model_tokens for t in segments)
+        url = "/api/runs/0/episodes/seg-001/0/tokens"
+        first = c.get(url).json()  # the first by default
+        chosen = [c.get(url, params={"segment": i}).json() for i in (0, 1)]
+        assert first == chosen[0]
+        for data, traj in zip(chosen, segments, strict=True):
+            assert data["reason"] == traj.reason and data["prompt_len"] == len(traj.prompt_ids)
+            assert [t[0] for t in data["tokens"]] == traj.prompt_ids + traj.response_ids
+            assert [t[2] for t in data["tokens"]] == [0] * len(traj.prompt_ids) + traj.response_mask
+            assert [(s["index"], s["reason"]) for s in data["segments"]] == [(0, "start"), (1, "rewritten")]
+        assert [d["segment"] for d in chosen] == [0, 1]
+        beyond = c.get(url, params={"segment": 2})
+        assert beyond.status_code == 404 and "has 2 segment(s)" in beyond.json()["detail"]
+
+
 def test_secrets_are_redacted_everywhere(client: TestClient, stored, smol_tokenizer) -> None:
     key = next(k for k, r in stored.items() if r["exit_reason"] == "max_turns")
     assert SECRET in json.dumps(stored[key]["messages"])  # the runner did not know it
@@ -154,7 +181,8 @@ def test_secrets_are_redacted_everywhere(client: TestClient, stored, smol_tokeni
     toks = client.get(f"/api/runs/0/episodes/{key[0]}/{key[1]}/tokens")
     assert SECRET[4:12] not in toks.text and MASK in "".join(t[1] for t in toks.json()["tokens"])
     # Nor can the secret be decoded back from token ids: redacted tokens carry no id.
-    row_ids = stored[key]["trajectory"]["prompt_ids"] + stored[key]["trajectory"]["response_ids"]
+    (traj,) = stored[key]["segments"]
+    row_ids = traj["prompt_ids"] + traj["response_ids"]
     hidden = [i for i, t in enumerate(toks.json()["tokens"]) if t[0] is None]
     assert hidden and all(t[0] == row_ids[i] for i, t in enumerate(toks.json()["tokens"]) if t[0] is not None)
     assert SECRET in smol_tokenizer.decode([row_ids[i] for i in hidden]).replace(" ", "")

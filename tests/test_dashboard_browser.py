@@ -2,7 +2,7 @@
 
 The server is the real `uniagent dashboard` process over a real replay run (dashboard_helpers).
 Screenshots land in artifacts/ (git-ignored): dashboard_runs.png, dashboard_episodes.png,
-dashboard_episode.png and dashboard_tokens.png.
+dashboard_episode.png, dashboard_tokens.png and dashboard_segments.png.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from conftest import needs, needs_bwrap, require_module
 from dashboard_helpers import DashboardServer, copy_run, replay_run
+from segment_helpers import segmented_run
 from uniagent.runner import RunStore
 from uniagent.tokens import ChatCodec
 
@@ -51,8 +52,13 @@ def live_dir(tmp_path_factory, run_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(run_dir: Path, live_dir: Path):
-    with DashboardServer([run_dir, live_dir]) as s:
+def segmented_dir(tmp_path_factory, codec: ChatCodec) -> Path:
+    return segmented_run(tmp_path_factory.mktemp("dash_segments"), codec)
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path, live_dir: Path, segmented_dir: Path):
+    with DashboardServer([run_dir, live_dir, segmented_dir]) as s:
         yield s
 
 
@@ -109,7 +115,7 @@ def test_runs_page_shows_the_summary_and_the_reward_chart(page, server) -> None:
     legend = card.locator(".exit-legend").inner_text()
     assert "finished 7" in legend and "max_turns 1" in legend and "sandbox_dead 1" in legend
     assert card.locator("svg.reward-chart circle").count() == 8  # the infra failure has no reward
-    assert page.locator(".card.run").count() == 2
+    assert page.locator(".card.run").count() == 3
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard_runs.png"), full_page=True)
 
@@ -154,7 +160,7 @@ def test_filter_open_an_episode_and_its_tokens(page, server, stored) -> None:
 
     page.click("#token-link")
     page.wait_for_selector("#tokens .t")
-    traj = row["trajectory"]
+    (traj,) = row["segments"]
     n_prompt = len(traj["prompt_ids"])
     masks = page.eval_on_selector_all("#tokens .t", "ts => ts.map(t => +t.dataset.m)")
     assert masks == [0] * n_prompt + traj["response_mask"]
@@ -185,9 +191,9 @@ def test_a_new_episode_appears_while_the_page_is_open(page, server, live_dir: Pa
     # A copy of a resolved episode, stored now, with drift detected 5 tokens into the response.
     src = next(r for r in stored.values() if r["resolved"])
     row = {k: v for k, v in src.items() if k != "attempts"}
-    n_prompt = len(row["trajectory"]["prompt_ids"])
+    n_prompt = len(row["segments"][0]["prompt_ids"])
     row.update(instance_id="live-added-001", sample=0, finished_at=time.time(), drift=n_prompt + 5)
-    row["trajectory"] = {**row["trajectory"], "drift": n_prompt + 5}
+    row["segments"] = [{**row["segments"][0], "drift": n_prompt + 5}]
     writer = RunStore(live_dir / "run.db")
     writer.put(row)
     writer.close()
@@ -202,3 +208,22 @@ def test_a_new_episode_appears_while_the_page_is_open(page, server, live_dir: Pa
     after = page.eval_on_selector("#drift-marker", "m => +m.nextElementSibling.dataset.i")
     assert after == n_prompt + 5
     assert "drift" in page.get_attribute(f"#tokens .t[data-i='{n_prompt + 5}']", "class")
+
+
+def test_the_segment_switcher_shows_one_segment_at_a_time(page, server, segmented_dir: Path) -> None:
+    store = RunStore(segmented_dir / "run.db", readonly=True)
+    (row,) = list(store.rows())
+    store.close()
+    first, second = row["segments"]
+    page.goto(server.url + "#/run/2/ep/seg-001/0")
+    assert page.locator("#segment-reasons").inner_text() == "2 segments: start, rewritten"
+    page.click("#token-link")
+    page.wait_for_selector("#segment-switch a.current[data-segment='0']")
+    assert page.locator("#tokens .t").count() == len(first["prompt_ids"]) + len(first["response_ids"])
+    page.click("#segment-switch a[data-segment='1']")
+    page.wait_for_selector("#segment-switch a.current[data-segment='1']")
+    assert "segment=1" in page.url and page.locator("#segment-shown").inner_text() == "1"
+    ids = page.eval_on_selector_all("#tokens .t", "ts => ts.length")
+    assert ids == len(second["prompt_ids"]) + len(second["response_ids"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_segments.png"), full_page=False)

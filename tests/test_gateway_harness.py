@@ -213,7 +213,8 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
     assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}
     (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert row["drift"] is None and row["metrics"]["agent_kind"] == "mini-swe-agent"
-    assert row["trajectory"]["num_turns"] == 2 and sum(row["trajectory"]["response_mask"]) > 0
+    (traj,) = row["segments"]
+    assert traj["num_turns"] == 2 and sum(traj["response_mask"]) > 0
 
     bad = subprocess.run(
         [*cli, "--set", "agent_kind=mini-swe-agent", "--backend", "ray"],

@@ -191,7 +191,7 @@ async def test_runner_episodes_are_token_exact(server: LlamaServer, tmp_path: Pa
     for row in rows:
         assert row["exit_reason"] in NORMAL_EXITS, (row["exit_reason"], row["error"])
         assert row["trainable"] is True
-        traj = row["trajectory"]
+        (traj,) = row["segments"]
         assert traj["drift"] is None
         mask, logprobs = traj["response_mask"], traj["response_logprobs"]
         assert len(mask) == len(logprobs) == len(traj["response_ids"]) and sum(mask) > 0

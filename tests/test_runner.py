@@ -82,7 +82,7 @@ def test_replay_run_on_the_starter_suite(tmp_path: Path, codec: ChatCodec, start
     assert {p["instance_id"] for p in preds} == {t.instance_id for t in starter}
     assert all(set(p) == {"instance_id", "model_name_or_path", "model_patch"} for p in preds)
     for r in rows:
-        traj = r["trajectory"]
+        (traj,) = r["segments"]
         assert traj and traj["drift"] is None and sum(traj["response_mask"]) > 0
         assert r["verifier"]["resolution"] in ("RESOLVED_FULL", "RESOLVED_NO")
     assert "resolved" in proc.stdout and "summary.json" in proc.stdout
@@ -160,7 +160,7 @@ def test_existing_run_needs_resume_and_bad_config_exits_2(tmp_path: Path) -> Non
             "patch": "",
             "answer": None,
             "verifier": {},
-            "trajectory": None,
+            "segments": [],
             "error": None,
             "finished_at": 0.0,
         }
@@ -274,5 +274,5 @@ def test_real_local_engine_on_two_tasks(tmp_path: Path) -> None:
     for r in rows:
         assert r["exit_reason"] in ("finished", "max_turns", "format_errors", "context_limit")
         assert r["trainable"] and r["reward"] is not None
-        traj = r["trajectory"]
+        (traj,) = r["segments"]
         assert traj["drift"] is None and sum(traj["response_mask"]) == r["completion_tokens"]

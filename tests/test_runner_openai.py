@@ -95,7 +95,7 @@ def test_run_through_an_openai_endpoint(tmp_path: Path, gateway: str, task, tool
     assert row["exit_reason"] == "finished" and row["resolved"] and row["reward"] == 1.0, row["error"]
     assert row["trainable"] is False and row["metrics"]["text_only_model"] is True
     assert row["metrics"]["untrainable_reason"] == "text_only_model"
-    assert row["trajectory"] is None, "an endpoint returns text, never a token record"
+    assert row["segments"] == [], "an endpoint returns text, never a token record"
     said = [m for m in row["messages"] if m["role"] == "assistant"]
     assert len(said) == 2
     if tool_format == "text":

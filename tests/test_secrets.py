@@ -165,7 +165,7 @@ def test_a_run_keeps_no_secret_in_any_byte(tmp_path: Path, codec: ChatCodec) -> 
     store.close()
     exported = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert MASK in json.dumps(row["messages"]), "the model did echo the secret"
-    for traj in (row["trajectory"], exported[0]["trajectory"]):
+    for traj in (*row["segments"], *exported[0]["segments"]):
         assert_consistent(traj)
         for text in decodes(codec.tokenizer, traj):
             assert SECRET not in text

@@ -203,6 +203,31 @@ def run(
 
 
 @app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="a run directory (uniagent run --output) or its run.db"),
+    parquet: bool = typer.Option(False, "--parquet", help="also write segments.parquet (needs pyarrow)"),
+) -> None:
+    """Write a run's exports again from its store: results.jsonl, preds.jsonl, summary.json and
+    segments.jsonl (one training record per segment), plus segments.parquet with --parquet."""
+    from uniagent.runner.export import write_segments_parquet
+    from uniagent.runner.store import RunStore, store_path
+    from uniagent.runner.summary import export as export_run
+
+    db = store_path(run_dir)
+    store = RunStore(db)
+    try:
+        model = (store.meta("config", {}) or {}).get("model") or {}
+        summary = export_run(store, db.parent, str(model.get("name") or model.get("spec") or "unknown"))
+        written = ["results.jsonl", "preds.jsonl", "segments.jsonl", "summary.json"]
+        if parquet:
+            write_segments_parquet(store, db.parent)
+            written.append("segments.parquet")
+    finally:
+        store.close()
+    console.print(f"{summary['episodes']} episodes exported to {db.parent}: {', '.join(written)}")
+
+
+@app.command()
 def doctor(
     model: list[str] = typer.Option(
         [], "--model", help=f"also check this model, any spec: {kinds_help()} (repeatable)"

@@ -108,8 +108,6 @@ class EpisodeResult:
             "resolved": self.resolved,
             "messages": self.messages,
             "segments": [t.to_dict() for t in self.segments or []],
-            # the last segment again, until every reader takes `segments` (store, dashboard, redact)
-            "trajectory": None if self.trajectory is None else self.trajectory.to_dict(),
             "metrics": self.metrics,
             "patch": self.patch,
             "answer": self.answer,

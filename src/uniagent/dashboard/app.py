@@ -25,10 +25,9 @@ from uniagent.errors import UniAgentError
 from uniagent.models.config import ModelConfig
 from uniagent.models.registry import tokenizer_spec
 from uniagent.redact import MASK, Redactor, redact_logs
-from uniagent.runner.store import RunStore
+from uniagent.runner.store import RunStore, store_path
 from uniagent.runner.summary import summarize
 
-STORE_NAME = "run.db"
 COOKIE = "uniagent_dashboard_token"
 ASSETS = {"app.js", "style.css"}
 LIGHT_FIELDS = (
@@ -42,29 +41,13 @@ LIGHT_FIELDS = (
     "prompt_tokens",
     "completion_tokens",
     "drift",
+    "num_segments",
     "wall_s",
     "attempts",
     "finished_at",
 )
-"""The columns of the episodes table (no messages, no trajectory: those are per episode)."""
+"""The columns of the episodes table (no messages, no token segments: those are per episode)."""
 LIGHT_SORTS = set(LIGHT_FIELDS) - {"attempts"}
-
-
-class DashboardError(UniAgentError):
-    """A run directory the dashboard cannot open."""
-
-
-def store_path(run_dir: str | Path) -> Path:
-    """`RUN_DIR/run.db`, or the .db file itself; an error that says what is missing."""
-    path = Path(run_dir).expanduser()
-    if path.is_file():
-        return path
-    db = path / STORE_NAME
-    if db.is_file():
-        return db
-    if path.is_dir():
-        raise DashboardError(f"{path} holds no {STORE_NAME}: is it a run directory (uniagent run --output)?")
-    raise DashboardError(f"{path} does not exist: give a run directory made by `uniagent run`")
 
 
 @dataclass
@@ -193,27 +176,52 @@ def _light(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def segment_summary(index: int, traj: dict[str, Any]) -> dict[str, Any]:
+    """One segment's figures for the episode page: why it began and what it holds."""
+    mask = traj.get("response_mask") or []
+    return {
+        "index": index,
+        "reason": traj.get("reason") or "start",
+        "chain": traj.get("chain") or 0,
+        "prompt_tokens": len(traj.get("prompt_ids") or []),
+        "response_tokens": len(traj.get("response_ids") or []),
+        "model_tokens": sum(mask),
+        "context_tokens": len(mask) - sum(mask),
+        "num_turns": traj.get("num_turns"),
+        "drift": traj.get("drift"),
+        "drift_kind": traj.get("drift_kind"),
+        "finish_reasons": traj.get("finish_reasons"),
+    }
+
+
 def _turns(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per model turn: tokens generated, context tokens after it, finish reason, and timings.
+    """Per model turn over all segments in order: its segment, tokens generated, context tokens
+    after it (within its segment), finish reason, and timings.
 
     The agent loop records model and tool time per episode; when it also stores per-turn times
     (`metrics.turn_timings`, a list of dicts) they are shown as they are, otherwise the model
     time is apportioned by generated tokens and marked as an estimate.
     """
-    traj = row.get("trajectory") or {}
-    spans = traj.get("spans") or []
-    finish = traj.get("finish_reasons") or []
+    segments = row.get("segments") or []
     metrics = row.get("metrics") or {}
-    n = max(int(row.get("turns") or 0), int(traj.get("num_turns") or 0))
-    turns = [{"turn": t, "model_tokens": 0, "context_tokens": 0, "finish_reason": None} for t in range(n)]
-    for s in spans:
-        kind, t = s["kind"], int(s["turn"])
-        if kind == "model" and t < n:
-            turns[t]["model_tokens"] += s["end"] - s["start"]
-        elif kind == "context" and 0 < t <= n:
-            turns[t - 1]["context_tokens"] += s["end"] - s["start"]
-    for t, reason in enumerate(finish[:n]):
-        turns[t]["finish_reason"] = reason
+    n = max(int(row.get("turns") or 0), sum(int(t.get("num_turns") or 0) for t in segments))
+    turns = [
+        {"turn": t, "segment": None, "model_tokens": 0, "context_tokens": 0, "finish_reason": None}
+        for t in range(n)
+    ]
+    first = 0  # the episode-wide index of this segment's first model turn
+    for index, traj in enumerate(segments):
+        count = int(traj.get("num_turns") or 0)
+        for s in traj.get("spans") or []:
+            kind, t = s["kind"], first + int(s["turn"])
+            if kind == "model" and t < n:
+                turns[t]["model_tokens"] += s["end"] - s["start"]
+            elif kind == "context" and first < t <= min(n, first + count):
+                turns[t - 1]["context_tokens"] += s["end"] - s["start"]
+        for k, reason in enumerate((traj.get("finish_reasons") or [])[:count]):
+            if first + k < n:
+                turns[first + k].update(segment=index, finish_reason=reason)
+        first += count
     recorded = metrics.get("turn_timings")
     if isinstance(recorded, list) and recorded:
         for t, timing in enumerate(recorded[:n]):
@@ -382,33 +390,34 @@ def create_app(config: DashboardConfig) -> FastAPI:
     @app.get("/api/runs/{rid}/episodes/{instance_id}/{sample}")
     def episode(rid: int, instance_id: str, sample: int) -> Any:
         run, row = get_row(rid, instance_id, sample)
-        traj = row.pop("trajectory", None)
+        segments = row.pop("segments", None) or []
         out = dict(row)
         parser = str((run.config().get("model") or {}).get("parser") or "hermes")
         out["messages"] = annotate_calls(row.get("messages") or [], parser)
-        out["turn_table"] = _turns({**row, "trajectory": traj})
-        out["has_trajectory"] = traj is not None
-        if traj is not None:
-            mask = traj.get("response_mask") or []
-            out["trajectory_summary"] = {
-                "prompt_tokens": len(traj.get("prompt_ids") or []),
-                "response_tokens": len(traj.get("response_ids") or []),
-                "model_tokens": sum(mask),
-                "context_tokens": len(mask) - sum(mask),
-                "num_turns": traj.get("num_turns"),
-                "drift": traj.get("drift"),
-                "finish_reasons": traj.get("finish_reasons"),
-            }
+        out["turn_table"] = _turns({**row, "segments": segments})
+        out["has_trajectory"] = bool(segments)
+        out["num_segments"] = len(segments)
+        out["segments"] = [segment_summary(i, t) for i, t in enumerate(segments)]
         return redactor.data(out)
 
     @app.get("/api/runs/{rid}/episodes/{instance_id}/{sample}/tokens")
-    def tokens(rid: int, instance_id: str, sample: int) -> Any:
-        """Every token: [id, text, mask, logprob]; prompt tokens are context (mask 0)."""
+    def tokens(
+        rid: int,
+        instance_id: str,
+        sample: int,
+        segment: int = Query(0, description="which segment of the episode (0: the first)"),
+    ) -> Any:
+        """Every token of one segment: [id, text, mask, logprob]; prompt tokens are context (mask 0)."""
         run, row = get_row(rid, instance_id, sample)
-        traj = row.get("trajectory")
-        if not traj:
+        segments = row.get("segments") or []
+        if not segments:
             why = "a text-level model, or it ended before its first turn"
             raise HTTPException(404, f"{instance_id}#{sample} has no token trajectory ({why})")
+        if not 0 <= segment < len(segments):
+            raise HTTPException(
+                404, f"{instance_id}#{sample} has {len(segments)} segment(s): segment={segment} is not one"
+            )
+        traj = segments[segment]
         prompt = list(traj.get("prompt_ids") or [])
         response = list(traj.get("response_ids") or [])
         spec: str | None = "the run's model spec"
@@ -429,6 +438,12 @@ def create_app(config: DashboardConfig) -> FastAPI:
         return {
             "instance_id": redactor.text(instance_id),
             "sample": sample,
+            "segment": segment,
+            "reason": traj.get("reason") or "start",
+            "segments": [
+                {"index": i, "reason": t.get("reason") or "start", "chain": t.get("chain") or 0}
+                for i, t in enumerate(segments)
+            ],
             "tokenizer": spec or "packaged SmolLM2",
             "prompt_len": len(prompt),
             "drift": traj.get("drift"),

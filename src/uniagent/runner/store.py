@@ -3,6 +3,10 @@
 Each finished episode is one transaction, so a crash (even `kill -9`) loses at most the
 episodes still running; everything committed is complete. Readers (the dashboard, exports)
 can open the file while a run writes to it.
+
+An episode's token record is its list of segments (`segments`, one `Trajectory.to_dict()` per
+segment, in order). Stores written before segments existed hold one `trajectory` per row: they
+read as one segment with reason "start", and a writable open adds the new columns.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from uniagent.errors import UniAgentError
+
+STORE_NAME = "run.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
     instance_id TEXT NOT NULL,
@@ -34,7 +41,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     patch TEXT,
     answer TEXT,
     verifier TEXT,
-    trajectory TEXT,
+    segments TEXT,
+    num_segments INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     attempts INTEGER NOT NULL DEFAULT 1,
     finished_at REAL NOT NULL,
@@ -44,13 +52,33 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 TIMING_KEYS = ("model_s", "tools_s", "verifier_s", "sandbox_start_s", "setup_s", "wall_s", "episode_s")
-JSON_COLUMNS = ("timings", "metrics", "messages", "verifier", "trajectory")
+JSON_COLUMNS = ("timings", "metrics", "messages", "verifier", "segments", "trajectory")
+LIGHT_COLUMNS = (
+    "instance_id, sample, exit_reason, trainable, reward, resolved, turns, prompt_tokens, "
+    "completion_tokens, drift, wall_s, timings, error, attempts, finished_at"
+)
+SEGMENT_COLUMNS = {"segments": "TEXT", "num_segments": "INTEGER NOT NULL DEFAULT 0"}
+"""Columns added since the first store layout (`trajectory`, one per row, read as one segment)."""
+
+
+def model_tokens(segments: list[dict[str, Any]]) -> int:
+    """Generated tokens over all segments (mask 1): each is in exactly one segment."""
+    return sum(sum(t.get("response_mask") or ()) for t in segments)
+
+
+def legacy_segments(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """An old row's single `trajectory` as a segment list: one segment that began at the start."""
+    if not trajectory:
+        return []
+    return [{"reason": "start", "chain": 0, "drift_kind": None, **trajectory}]
 
 
 def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[str, Any]:
     """A stored row from `EpisodeResult.to_dict()` (already redacted)."""
     metrics = result.get("metrics") or {}
     reward = result.get("reward")
+    segments = list(result.get("segments") or [])
+    completion = model_tokens(segments) if segments else int(metrics.get("completion_tokens", 0))
     return {
         "instance_id": instance_id,
         "sample": sample,
@@ -60,7 +88,7 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
         "resolved": int(bool(result.get("resolved"))),
         "turns": int(metrics.get("turns", 0)),
         "prompt_tokens": int(metrics.get("prompt_tokens", 0)),
-        "completion_tokens": int(metrics.get("completion_tokens", 0)),
+        "completion_tokens": completion,
         "drift": metrics.get("drift"),
         "wall_s": metrics.get("episode_s") or metrics.get("wall_s"),
         "timings": {k: metrics[k] for k in TIMING_KEYS if k in metrics},
@@ -69,10 +97,28 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
         "patch": result.get("patch"),
         "answer": result.get("answer"),
         "verifier": None if reward is None else reward.get("details"),
-        "trajectory": result.get("trajectory"),
+        "segments": segments,
+        "num_segments": len(segments),
         "error": result.get("error"),
         "finished_at": time.time(),
     }
+
+
+class StoreError(UniAgentError):
+    """A run directory with no run store to read."""
+
+
+def store_path(run_dir: str | Path) -> Path:
+    """`RUN_DIR/run.db`, or the .db file itself; an error that says what is missing."""
+    path = Path(run_dir).expanduser()
+    if path.is_file():
+        return path
+    db = path / STORE_NAME
+    if db.is_file():
+        return db
+    if path.is_dir():
+        raise StoreError(f"{path} holds no {STORE_NAME}: is it a run directory (uniagent run --output)?")
+    raise StoreError(f"{path} does not exist: give a run directory made by `uniagent run`")
 
 
 class RunStore:
@@ -89,6 +135,27 @@ class RunStore:
         self.conn.execute("PRAGMA busy_timeout=10000")
         self.conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        self.columns = {r[1] for r in self.conn.execute("PRAGMA table_info(episodes)")}
+        if not readonly and not SEGMENT_COLUMNS.keys() <= self.columns:
+            self._add_segment_columns()
+
+    def _add_segment_columns(self) -> None:
+        """Bring a store from before segments up to date: new rows go to `segments`; old rows keep
+        their `trajectory` (read as one segment) and count it in `num_segments`."""
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:  # columns read again inside the write lock: another writer may have added them
+                have = {r[1] for r in self.conn.execute("PRAGMA table_info(episodes)")}
+                for name, kind in SEGMENT_COLUMNS.items():
+                    if name not in have:
+                        self.conn.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
+                if "trajectory" in have and "num_segments" not in have:
+                    self.conn.execute("UPDATE episodes SET num_segments = (trajectory IS NOT NULL)")
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        self.columns |= SEGMENT_COLUMNS.keys()
 
     def close(self) -> None:
         self.conn.close()
@@ -137,14 +204,15 @@ class RunStore:
     def rows(
         self, full: bool = True, where: str = "", params: tuple[Any, ...] = ()
     ) -> Iterator[dict[str, Any]]:
-        cols = (
-            "*"
-            if full
-            else (
-                "instance_id, sample, exit_reason, trainable, reward, resolved, turns, prompt_tokens, "
-                "completion_tokens, drift, wall_s, timings, error, attempts, finished_at"
-            )
-        )
+        """Rows as dicts; `full` adds messages, verifier report, `segments` (always a list: an old
+        row's `trajectory` becomes one segment) and the rest. A read-only store from before
+        segments counts its trajectory as `num_segments`."""
+        if full:
+            cols = "*"
+        elif "num_segments" in self.columns:
+            cols = f"{LIGHT_COLUMNS}, num_segments"
+        else:
+            cols = f"{LIGHT_COLUMNS}, (trajectory IS NOT NULL) AS num_segments"
         sql = f"SELECT {cols} FROM episodes {where} ORDER BY instance_id, sample"
         for r in self.conn.execute(sql, params):
             d = dict(r)
@@ -152,6 +220,11 @@ class RunStore:
                 if d.get(k) is not None:
                     d[k] = json.loads(d[k])
             d["trainable"], d["resolved"] = bool(d["trainable"]), bool(d["resolved"])
+            if full:
+                old = d.pop("trajectory", None)
+                if d.get("segments") is None:
+                    d["segments"] = legacy_segments(old)
+                d["num_segments"] = len(d["segments"])
             yield d
 
     def get(self, instance_id: str, sample: int) -> dict[str, Any] | None:

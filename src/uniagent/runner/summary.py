@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from uniagent.runner.export import write_segments_jsonl
 from uniagent.runner.store import RunStore
 
 
@@ -60,7 +61,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def export(store: RunStore, out: Path, model_name: str, wall_s: float | None = None) -> dict[str, Any]:
-    """results.jsonl, preds.jsonl (SWE-bench predictions) and summary.json."""
+    """results.jsonl, preds.jsonl (SWE-bench predictions), segments.jsonl (one training record per
+    segment: `uniagent.runner.export`) and summary.json."""
     results, preds = [], []
     for r in store.rows(full=True):
         results.append(json.dumps(r, ensure_ascii=False))
@@ -77,6 +79,7 @@ def export(store: RunStore, out: Path, model_name: str, wall_s: float | None = N
             )
     _atomic_write(out / "results.jsonl", "".join(line + "\n" for line in results))
     _atomic_write(out / "preds.jsonl", "".join(line + "\n" for line in preds))
+    write_segments_jsonl(store, out)
     summary = summarize(store, wall_s)
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2))
     return summary

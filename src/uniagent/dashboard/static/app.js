@@ -2,7 +2,7 @@
 //   #/                               runs
 //   #/run/R?exit=..&resolved=..      episodes of run R (filters and sort in the query)
 //   #/run/R/ep/ID/S                  one episode
-//   #/run/R/ep/ID/S/tokens           its token view
+//   #/run/R/ep/ID/S/tokens?segment=K its token view, one segment at a time (the first by default)
 "use strict";
 
 const view = document.getElementById("view");
@@ -69,7 +69,7 @@ async function route() {
   tip.hidden = true;
   const { parts, params } = parseHash();
   try {
-    if (parts[0] === "run" && parts[2] === "ep" && parts[5] === "tokens") await tokenPage(+parts[1], parts[3], +parts[4]);
+    if (parts[0] === "run" && parts[2] === "ep" && parts[5] === "tokens") await tokenPage(+parts[1], parts[3], +parts[4], params);
     else if (parts[0] === "run" && parts[2] === "ep") await episodePage(+parts[1], parts[3], +parts[4]);
     else if (parts[0] === "run") await episodesPage(+parts[1], params);
     else await runsPage();
@@ -157,7 +157,8 @@ async function runsPage() {
 const COLUMNS = [
   ["instance_id", "instance"], ["sample", "sample", "num"], ["exit_reason", "exit reason"], ["reward", "reward", "num"],
   ["resolved", "resolved"], ["trainable", "trainable"], ["turns", "turns", "num"], ["prompt_tokens", "prompt tok", "num"],
-  ["completion_tokens", "gen tok", "num"], ["drift", "drift", "num"], ["wall_s", "wall s", "num"], ["finished_at", "finished"],
+  ["completion_tokens", "gen tok", "num"], ["num_segments", "segments", "num"], ["drift", "drift", "num"], ["wall_s", "wall s", "num"],
+  ["finished_at", "finished"],
 ];
 
 async function episodesPage(rid, params) {
@@ -222,7 +223,7 @@ async function episodesPage(rid, params) {
           <td><span class="badge ${esc(e.exit_reason)}">${esc(e.exit_reason)}</span></td>
           <td class="num">${fmt(e.reward)}</td><td>${yesno(e.resolved)}</td><td>${yesno(e.trainable)}</td>
           <td class="num">${e.turns}</td><td class="num">${e.prompt_tokens}</td><td class="num">${e.completion_tokens}</td>
-          <td class="num">${fmt(e.drift)}</td><td class="num">${fmt(e.wall_s, 1)}</td><td>${when(e.finished_at)}</td></tr>`;
+          <td class="num">${e.num_segments ?? "–"}</td><td class="num">${fmt(e.drift)}</td><td class="num">${fmt(e.wall_s, 1)}</td><td>${when(e.finished_at)}</td></tr>`;
       })
       .join("");
   };
@@ -308,8 +309,8 @@ function renderTimings(ep) {
   const turns = ep.turn_table || [];
   const hasReal = turns.some((r) => Object.keys(r).some((k) => k.endsWith("_s") && !k.endsWith("_est")));
   const keys = hasReal ? [...new Set(turns.flatMap((r) => Object.keys(r).filter((k) => k.endsWith("_s"))))] : ["model_s_est"];
-  const head = `<tr><th>turn</th><th class="num">generated tokens</th><th class="num">context tokens after</th><th>finish</th>${keys.map((k) => `<th class="num">${k === "model_s_est" ? "model s (≈, by tokens)" : esc(k)}</th>`).join("")}</tr>`;
-  const body = turns.map((r) => `<tr><td>${r.turn}</td><td class="num">${r.model_tokens}</td><td class="num">${r.context_tokens}</td><td>${esc(r.finish_reason ?? "–")}</td>${keys.map((k) => `<td class="num">${fmt(r[k], 2)}</td>`).join("")}</tr>`).join("");
+  const head = `<tr><th>turn</th><th class="num">segment</th><th class="num">generated tokens</th><th class="num">context tokens after</th><th>finish</th>${keys.map((k) => `<th class="num">${k === "model_s_est" ? "model s (≈, by tokens)" : esc(k)}</th>`).join("")}</tr>`;
+  const body = turns.map((r) => `<tr><td>${r.turn}</td><td class="num">${fmt(r.segment)}</td><td class="num">${r.model_tokens}</td><td class="num">${r.context_tokens}</td><td>${esc(r.finish_reason ?? "–")}</td>${keys.map((k) => `<td class="num">${fmt(r[k], 2)}</td>`).join("")}</tr>`).join("");
   return `<div class="timing">${bar}</div><div class="legend">${legend}<span>episode ${fmt(ep.wall_s, 2)} s</span></div>
     <table id="turns">${head}${body}</table>
     ${hasReal ? "" : '<p class="muted">the store records model and tool time per episode; the per-turn model time is apportioned by generated tokens.</p>'}`;
@@ -319,16 +320,22 @@ async function episodePage(rid, iid, sample) {
   const [run, ep] = await Promise.all([api(`runs/${rid}`), api(`runs/${rid}/episodes/${encodeURIComponent(iid)}/${sample}`)]);
   const base = `#/run/${rid}/ep/${encodeURIComponent(iid)}/${sample}`;
   setCrumbs([["runs", "#/"], [run.name, `#/run/${rid}`], [`${ep.instance_id}#${sample}`, base]]);
-  const ts = ep.trajectory_summary;
+  const segs = ep.segments || [];
   const stat = (k, v) => `<div class="stat"><div class="v">${v}</div><div class="k">${k}</div></div>`;
+  // One token view per segment: a segment began at the start, or when the history was condensed or rewritten.
+  const segLinks = segs
+    .map((s) => `<li data-segment="${s.index}"><a class="segment-link" href="${base}/tokens?segment=${s.index}">segment ${s.index}: ${esc(s.reason)}</a>
+      <span class="muted">${s.prompt_tokens} prompt + ${s.response_tokens} response tokens (${s.model_tokens} model, ${s.context_tokens} context)${s.drift !== null && s.drift !== undefined ? ` · drift at ${s.drift}${s.drift_kind ? ` (${esc(s.drift_kind)})` : ""}` : ""}</span></li>`)
+    .join("");
   view.innerHTML = `<h1 id="ep-title">${esc(ep.instance_id)} <span class="muted">sample ${sample}</span></h1>
     <div class="stats">
       ${stat("exit reason", `<span class="badge ${esc(ep.exit_reason)}" id="ep-exit">${esc(ep.exit_reason)}</span>`)}
       ${stat("reward", fmt(ep.reward))}${stat("resolved", yesno(ep.resolved))}${stat("trainable", yesno(ep.trainable))}
       ${stat("turns", ep.turns)}${stat("prompt / generated tokens", `${ep.prompt_tokens} / ${ep.completion_tokens}`)}
       ${stat("drift at token", fmt(ep.drift))}${stat("attempts", ep.attempts)}
+      ${stat("segments", `<span id="ep-segments">${ep.num_segments}</span>`)}
     </div>
-    ${ep.has_trajectory ? `<p><a id="token-link" href="${base}/tokens">Token view →</a> <span class="muted">${ts.prompt_tokens} prompt + ${ts.response_tokens} response tokens (${ts.model_tokens} model, ${ts.context_tokens} context)</span></p>` : '<p class="muted">no token trajectory stored (a text-level model, or the episode ended before its first turn)</p>'}
+    ${ep.has_trajectory ? `<p><a id="token-link" href="${base}/tokens">Token view →</a> <span class="muted" id="segment-reasons">${segs.length} segment${segs.length === 1 ? "" : "s"}: ${segs.map((s) => esc(s.reason)).join(", ")}</span></p><ul id="segments">${segLinks}</ul>` : '<p class="muted">no token trajectory stored (a text-level model, or the episode ended before its first turn)</p>'}
     ${ep.error ? `<h2>Error</h2><pre class="err">${esc(ep.error)}</pre>` : ""}
     <h2>Timings</h2>${renderTimings(ep)}
     <div class="grid2">
@@ -345,10 +352,21 @@ function shade(logprob) {
   return `hsl(${Math.round(120 * p)}, 70%, ${Math.round(88 - 28 * (1 - p))}%)`;
 }
 
-async function tokenPage(rid, iid, sample) {
+function segmentSwitch(base, data) {
+  // One link per segment; the address picks the segment, so a view can be linked to.
+  if (data.segments.length < 2) return "";
+  const links = data.segments
+    .map((s) => `<a href="${base}/tokens?segment=${s.index}" data-segment="${s.index}" class="${s.index === data.segment ? "current" : ""}">${s.index}: ${esc(s.reason)}</a>`)
+    .join("");
+  return `<div class="segment-switch" id="segment-switch"><span class="muted">segment</span>${links}</div>`;
+}
+
+async function tokenPage(rid, iid, sample, params) {
   const base = `#/run/${rid}/ep/${encodeURIComponent(iid)}/${sample}`;
-  const [run, data] = await Promise.all([api(`runs/${rid}`), api(`runs/${rid}/episodes/${encodeURIComponent(iid)}/${sample}/tokens`)]);
-  setCrumbs([["runs", "#/"], [run.name, `#/run/${rid}`], [`${data.instance_id}#${sample}`, base], ["tokens", base + "/tokens"]]);
+  const segment = Math.max(0, parseInt(params.get("segment") || "0", 10) || 0);
+  const [run, data] = await Promise.all([api(`runs/${rid}`), api(`runs/${rid}/episodes/${encodeURIComponent(iid)}/${sample}/tokens?segment=${segment}`)]);
+  const here = `${base}/tokens?segment=${data.segment}`;
+  setCrumbs([["runs", "#/"], [run.name, `#/run/${rid}`], [`${data.instance_id}#${sample}`, base], [`tokens, segment ${data.segment}`, here]]);
   const toks = data.tokens;
   const special = new Set(data.special);
   // Segments: the prompt, then the trajectory's spans (already offset by the prompt length).
@@ -371,7 +389,8 @@ async function tokenPage(rid, iid, sample) {
     html += `</span>`;
   }
   const model = toks.filter((t) => t[2]).length;
-  view.innerHTML = `<h1>Tokens of ${esc(data.instance_id)} <span class="muted">sample ${sample}</span></h1>
+  view.innerHTML = `<h1>Tokens of ${esc(data.instance_id)} <span class="muted">sample ${sample} · segment <span id="segment-shown">${data.segment}</span> of ${data.segments.length} (${esc(data.reason)})</span></h1>
+    ${segmentSwitch(base, data)}
     <div class="stats">
       <div class="stat"><div class="v">${toks.length}</div><div class="k">tokens</div></div>
       <div class="stat"><div class="v">${data.prompt_len}</div><div class="k">prompt</div></div>
