@@ -179,6 +179,8 @@ def test_episode_drift_counts_bookkeeping_first():
     assert episode_drift([seg(7, "sampled"), seg(None, None)]) == DriftReport(7, "sampled")
     assert episode_drift([seg(7, "sampled"), seg(3, "bookkeeping")]) == DriftReport(3, "bookkeeping")
     assert episode_drift([seg(5, None)]) == DriftReport(5, "bookkeeping")  # a record without a kind
+    stored = [seg(7, "sampled").to_dict(), seg(None, None).to_dict()]  # as a stored row holds them
+    assert episode_drift(stored) == DriftReport(7, "sampled")
 
 
 def test_generation_prompt_space_merged_into_sampled_text_is_sampled(smol_tokenizer):
@@ -203,3 +205,69 @@ def test_generation_prompt_space_merged_into_sampled_text_is_sampled(smol_tokeni
     assert drift_report(codec, convo, traj) == DriftReport(
         len(traj.prompt_ids) + span.start + 4, "bookkeeping"
     )
+
+
+def _row(name: str, segments: list[Trajectory], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    from uniagent.runner.store import episode_row
+
+    result = {
+        "exit_reason": "finished",
+        "trainable": True,
+        "metrics": metrics or {},
+        "segments": [s.to_dict() for s in segments],
+    }
+    return episode_row(name, 0, result)
+
+
+def test_run_summary_counts_bookkeeping_drift_and_sampled_retokenization_apart(tmp_path):
+    """`make demo`'s summary said `episodes_with_drift: 2` for harmless sampled splits; now each
+    kind has its own count and only bookkeeping reads as a problem."""
+    from uniagent.runner import RunStore, summarize
+
+    def seg(drift: int | None, kind: str | None, reason: str = "start") -> Trajectory:
+        return Trajectory(prompt_ids=[1, 2], drift=drift, drift_kind=kind, reason=reason)
+
+    store = RunStore(tmp_path / "run.db")
+    store.put(_row("clean", [seg(None, None)]))
+    store.put(_row("sampled", [seg(40, "sampled")]))
+    store.put(_row("both", [seg(30, "sampled"), seg(12, "bookkeeping", "rewritten")]))
+    store.put(_row("legacy", [], {"drift": 5}))  # an episode recorded without segments or kinds
+    rows = {r["instance_id"]: r for r in store.rows(full=False)}
+    assert {k: (r["drift"], r["drift_kind"]) for k, r in rows.items()} == {
+        "clean": (None, None),
+        "sampled": (40, "sampled"),
+        "both": (12, "bookkeeping"),
+        "legacy": (5, None),
+    }
+    summary = summarize(store)
+    assert summary["episodes_with_bookkeeping_drift"] == 2  # "both" and the kindless "legacy"
+    assert summary["episodes_with_sampled_retokenization"] == 1
+    assert "episodes_with_drift" not in summary
+    store.close()
+
+
+def test_a_store_from_before_drift_kinds_gains_the_column(tmp_path):
+    import sqlite3
+
+    from uniagent.runner.store import SCHEMA, RunStore
+
+    path = tmp_path / "run.db"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA.replace("    drift_kind TEXT,\n", ""))
+    old.execute(
+        "INSERT INTO episodes (instance_id, sample, exit_reason, trainable, resolved, turns, prompt_tokens,"
+        " completion_tokens, drift, timings, metrics, messages, finished_at)"
+        " VALUES ('old', 0, 'finished', 1, 0, 1, 10, 5, 7, '{}', '{}', '[]', 0)"
+    )
+    old.commit()
+    old.close()
+    readonly = RunStore(path, readonly=True)
+    assert "drift_kind" not in readonly.columns
+    [row] = readonly.rows(full=False)
+    assert (row["drift"], row["drift_kind"]) == (7, None)
+    readonly.close()
+    store = RunStore(path)
+    assert "drift_kind" in store.columns
+    store.put(_row("sampled", [Trajectory(prompt_ids=[1], drift=3, drift_kind="sampled")]))
+    assert [r["drift_kind"] for r in store.rows(full=False)] == [None, "sampled"]
+    store.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import UniAgentError
+from uniagent.tokens.drift import DriftReport, episode_drift
 
 STORE_NAME = "run.db"
 SCHEMA = """
@@ -34,6 +35,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL,
     drift INTEGER,
+    drift_kind TEXT,
     wall_s REAL,
     timings TEXT NOT NULL,
     metrics TEXT NOT NULL,
@@ -57,7 +59,7 @@ LIGHT_COLUMNS = (
     "instance_id, sample, exit_reason, trainable, reward, resolved, turns, prompt_tokens, "
     "completion_tokens, drift, wall_s, timings, error, attempts, finished_at"
 )
-SEGMENT_COLUMNS = {"segments": "TEXT", "num_segments": "INTEGER NOT NULL DEFAULT 0"}
+SEGMENT_COLUMNS = {"segments": "TEXT", "num_segments": "INTEGER NOT NULL DEFAULT 0", "drift_kind": "TEXT"}
 """Columns added since the first store layout (`trajectory`, one per row, read as one segment)."""
 
 
@@ -79,6 +81,7 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
     reward = result.get("reward")
     segments = list(result.get("segments") or [])
     completion = model_tokens(segments) if segments else int(metrics.get("completion_tokens", 0))
+    drift = episode_drift(segments) if segments else DriftReport(metrics.get("drift"), None)
     return {
         "instance_id": instance_id,
         "sample": sample,
@@ -89,7 +92,8 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
         "turns": int(metrics.get("turns", 0)),
         "prompt_tokens": int(metrics.get("prompt_tokens", 0)),
         "completion_tokens": completion,
-        "drift": metrics.get("drift"),
+        "drift": drift.index,
+        "drift_kind": drift.kind,
         "wall_s": metrics.get("episode_s") or metrics.get("wall_s"),
         "timings": {k: metrics[k] for k in TIMING_KEYS if k in metrics},
         "metrics": metrics,
@@ -213,6 +217,8 @@ class RunStore:
             cols = f"{LIGHT_COLUMNS}, num_segments"
         else:
             cols = f"{LIGHT_COLUMNS}, (trajectory IS NOT NULL) AS num_segments"
+        if not full:  # a read-only store from before drift kinds has none
+            cols += ", drift_kind" if "drift_kind" in self.columns else ", NULL AS drift_kind"
         sql = f"SELECT {cols} FROM episodes {where} ORDER BY instance_id, sample"
         for r in self.conn.execute(sql, params):
             d = dict(r)

@@ -35,7 +35,11 @@ def summarize(store: RunStore, wall_s: float | None = None, total: int | None = 
     }
     tokens = sum(r["completion_tokens"] for r in rows)
     wall = wall_s if wall_s is not None else store.meta("wall_s", None)
-    drifted = sum(1 for r in rows if r["drift"] is not None)
+    # A sampled retokenization is harmless (the record keeps the sampled ids); only bookkeeping
+    # drift is a problem. Drift without a kind (a store from before kinds) counts as bookkeeping.
+    drift_kinds = collections.Counter(
+        r.get("drift_kind") or "bookkeeping" for r in rows if r["drift"] is not None
+    )
     return {
         "episodes": n,
         "planned": total if total is not None else store.meta("planned", n),
@@ -46,7 +50,8 @@ def summarize(store: RunStore, wall_s: float | None = None, total: int | None = 
         "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "exit_reasons": dict(sorted(exits.items())),
         "trainable_fraction": round(sum(r["trainable"] for r in rows) / n, 4) if n else 0.0,
-        "episodes_with_drift": drifted,
+        "episodes_with_bookkeeping_drift": drift_kinds["bookkeeping"],
+        "episodes_with_sampled_retokenization": drift_kinds["sampled"],
         "completion_tokens": tokens,
         "tokens_per_s": round(tokens / wall, 2) if wall else None,
         "episodes_per_min": round(60 * n / wall, 2) if wall else None,

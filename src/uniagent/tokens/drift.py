@@ -69,17 +69,23 @@ def drift_report(
     return DriftReport(first, "bookkeeping")  # not reached: a difference is always one or the other
 
 
-def episode_drift(segments: Sequence[Trajectory]) -> DriftReport:
-    """An episode's drift from its segments' (as set by `drift_report`): bookkeeping if any
-    segment has it, else sampled if any has it; the index is that segment's."""
-    for kind in ("bookkeeping", "sampled"):
-        for seg in segments:
-            if seg.drift is not None and seg.drift_kind == kind:
-                return DriftReport(seg.drift, kind)
-    for seg in segments:  # drift without a kind (a record from before kinds): count it as a problem
-        if seg.drift is not None:
-            return DriftReport(seg.drift, "bookkeeping")
+def episode_drift(segments: Sequence[Trajectory | dict[str, Any]]) -> DriftReport:
+    """An episode's drift from its segments' (as set by `drift_report`; Trajectory objects or
+    their dicts): bookkeeping if any segment has it, else sampled if any has it; the index is
+    that segment's. Drift without a kind (a record from before kinds) counts as bookkeeping."""
+    found = [_drift_of(seg) for seg in segments]
+    found = [(index, kind or "bookkeeping") for index, kind in found if index is not None]
+    for want in ("bookkeeping", "sampled"):
+        for index, kind in found:
+            if kind == want:
+                return DriftReport(index, kind)
     return DriftReport(None, None)
+
+
+def _drift_of(seg: Trajectory | dict[str, Any]) -> tuple[int | None, str | None]:
+    if isinstance(seg, dict):
+        return seg.get("drift"), seg.get("drift_kind")
+    return seg.drift, seg.drift_kind
 
 
 def _align(

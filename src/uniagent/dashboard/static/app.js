@@ -128,7 +128,8 @@ function runCard(run, series) {
       ${stat("trainable", pct(s.trainable_fraction), "trainable")}
       ${stat("tokens/s" + (s.tokens_per_s_live ? " (so far)" : ""), fmt(s.tokens_per_s, 1), "tps")}
       ${stat("pass@1", fmt(s["pass@1"]))}
-      ${stat("with drift", s.episodes_with_drift)}
+      ${stat("bookkeeping drift", s.episodes_with_bookkeeping_drift)}
+      ${stat("sampled retokenized", s.episodes_with_sampled_retokenization)}
     </div>
     <div class="muted">exit reasons</div>
     ${exitBar(s.exit_reasons, s.episodes)}
