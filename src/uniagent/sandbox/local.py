@@ -157,9 +157,15 @@ class LocalSandbox(PipeShellSandbox):
         if self._proc is not None:
             # The tree, not just bwrap: a bwrap killed mid-start leaves its init behind.
             await procs.kill_process_tree(self._proc, 10)
-        if self._cgroup is not None:
+        if self._cgroup is not None:  # every process of the sandbox is in it: forks racing the kill too
             await asyncio.to_thread(self._cgroup.kill_all)
             await asyncio.to_thread(self._cgroup.remove)
+        if self._init_pid is None and self._ctl is not None and not (self._cgroup and self._cgroup.dirs):
+            # Stopped mid-start with no cgroup of its own: bwrap may have forked its sandbox child
+            # just as it was killed (procs.kill_tree). That child waits forever for bwrap, and still
+            # carries bwrap's argv, which names our control dir.
+            stray = await asyncio.to_thread(procs.pids_with_arg, str(self._ctl))
+            procs.signal_pids(stray, signal.SIGKILL)
         if self._ctl is not None:
             await _remove_tree(self._ctl)
         if self._own_workspace and self.workspace is not None and not self.config.keep_workspace:

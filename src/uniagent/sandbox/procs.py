@@ -202,22 +202,43 @@ def state(pid: int) -> str | None:
 
 
 async def kill_process_tree(proc: asyncio.subprocess.Process, wait_s: float = 5.0) -> None:
-    """`kill_process`, after SIGKILLing every descendant of `proc` first.
+    """`kill_process`, after SIGKILLing every descendant of `proc` first (`kill_tree`)."""
+    if proc.returncode is None:
+        kill_tree(proc.pid)
+    await kill_process(proc, wait_s)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, then `pid`, then what `pid` forked meanwhile.
 
     Killing only the child is not enough when its children do not die with it. bwrap is the
     case in point: its sandbox child waits on an eventfd until bwrap has set it up, and arms
     its parent-death signal only once the sandbox is built, so a bwrap killed in between
     leaves that child (and what it starts) running forever, reparented to the host's init.
-    `proc` is stopped first (SIGSTOP) so it cannot fork between the listing and the kill.
+
+    Nothing is ever stopped (SIGSTOP) here: a controller killed -9 between a stop and the kill
+    left its stopped processes stopped forever, out of reach of any parent-death signal or
+    lifeline. What keeps a forking process from escaping instead:
+    - inside a sandbox everything is in its PID namespace, whose init is bwrap's child: killing
+      it makes the kernel kill every process in the namespace, however fast they fork;
+    - once `pid` has a SIGKILL pending, no fork of it can complete (the kernel fails the clone),
+      so the second listing holds any child it forked after the first one, unless `pid` exited
+      (and that child was reparented) in between. The local sandbox's cgroup, or its argv scan
+      where it has none (LocalSandbox._stop), catches that last one: bwrap forks only once.
     """
-    if proc.returncode is None:
-        signal_pids([proc.pid], signal.SIGSTOP)
-        for _ in range(500):  # a signal lands when the process next runs: ~at once, 1 s at most
-            if state(proc.pid) in ("T", "t", "Z", "X", None):
-                break
-            await asyncio.sleep(0.002)
-        signal_pids(descendants(proc.pid), signal.SIGKILL)
-    await kill_process(proc, wait_s)
+    signal_pids(descendants(pid), signal.SIGKILL)
+    signal_pids([pid], signal.SIGKILL)
+    signal_pids(descendants(pid), signal.SIGKILL)
+
+
+def pids_with_arg(arg: str) -> list[int]:
+    """Live processes anywhere on this machine (stopped ones too, not zombies) whose argv holds
+    `arg`. A scan of all of /proc: for rare paths (a sandbox stopped mid-start), never per step."""
+    out: list[int] = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and arg in cmdline(int(name)) and alive(int(name)):
+            out.append(int(name))
+    return out
 
 
 def quote(s: str) -> str:
