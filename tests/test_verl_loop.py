@@ -647,3 +647,180 @@ def test_verl_engine_maps_finish_reasons() -> None:
     no_lp = Server([TokenOutput(token_ids=[1], log_probs=None, stop_reason="completed")])
     with pytest.raises(EngineError, match="calculate_log_probs"):
         asyncio.run(VerlEngine(no_lp).generate([5], sampling, "r"))
+
+
+# -- segments: one output per segment under verl's V1 worker, the last segment under the legacy one ----
+def segmented_episode(codec: ChatCodec, instance_id: str, reward: float):
+    """A two-segment episode of `instance_id` built with the real codec: two model turns around a tool
+    result, then the history was condensed and a fresh render holds the first reply as context."""
+    from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+    from uniagent.tokens import Trajectory
+
+    task = starter(instance_id).messages()
+
+    def generate(traj: Trajectory, text: str, turn: int) -> None:
+        ids = codec.encode(text) + codec.eot_ids
+        traj.add_generation(ids, [-(k + 1 + 100 * turn) / 1e4 for k in range(len(ids))])
+
+    first = Trajectory(prompt_ids=codec.prompt_ids(task))
+    generate(first, "I will read the file first.", 0)
+    first.add_context(codec.continuation_ids([{"role": "user", "content": "def f(): return 1"}]), "user")
+    generate(first, "The bug is in f.", 1)
+    condensed = [*task, {"role": "user", "content": "[earlier turns condensed] I read the file."}]
+    second = Trajectory(prompt_ids=codec.prompt_ids(condensed), reason="condensed")
+    generate(second, "Fixed; submitting.", 2)
+    metrics = {"instance_id": instance_id, "model_s": 0.1}
+    result = EpisodeResult(
+        condensed, [first, second], ExitReason.FINISHED, Reward(reward, reward == 1.0), metrics
+    )
+    return result
+
+
+@pytest.fixture
+def crafted_episodes(monkeypatch, codec):
+    """The loop's episode is replaced by a crafted two-segment one per instance (what produced the
+    segments, context condensation, is not what these tests are about); the rest is the loop's own:
+    redaction, length rules and the outputs verl receives."""
+    import uniagent.integrations.verl.loop as loop_module
+
+    episodes: dict[str, Any] = {}
+
+    async def fake_run_episode(task, *args, **kwargs):
+        return episodes[task.instance_id]
+
+    monkeypatch.setattr(loop_module, "run_episode", fake_run_episode)
+    return episodes
+
+
+def test_legacy_worker_gets_the_last_segment_and_what_was_left_out(
+    base_config, tokenizer, codec, data_dir, crafted_episodes
+) -> None:
+    """verl's legacy `AgentLoopWorker` (main_ppo with trainer.use_v1=False, the fully-async rollouter)
+    takes one output per sample: the loop gives the last segment and says what it leaves out."""
+    crafted_episodes[GOLD] = episode = segmented_episode(codec, GOLD, 1.0)
+    first, last = episode.segments
+    config = make_config(base_config)
+    worker = make_worker(config, EngineServer(None), tokenizer)
+    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+    nt = out.non_tensor_batch
+    assert len(out) == 1
+    sample = unpad(out, 0)
+    assert sample["prompt"] == last.prompt_ids and sample["response"] == last.response_ids
+    assert sample["mask"] == last.response_mask and sample["score"] == 1.0
+    assert nt["segments"][0] == 2 and nt["segment_index"][0] == 1 and nt["segment_reason"][0] == "condensed"
+    assert nt["segments_dropped"][0] == 1 and nt["dropped_model_tokens"][0] == first.num_model_tokens
+
+
+def _v1_worker(config, tokenizer):
+    """verl's V1 worker class (`AgentLoopWorkerTQ`, the Ray actor's own class), set up like
+    `make_worker`; its `_run_agent_loop` and `_agent_loop_postprocess` run unmodified."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    plain = make_worker(config, EngineServer(None), tokenizer)
+    worker = AgentLoopWorkerTQ.__ray_actor_class__.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.__dict__.update(plain.__dict__)
+    return worker
+
+
+def test_v1_worker_trains_every_segment_with_the_episode_advantage(
+    base_config, tokenizer, codec, data_dir, crafted_episodes, monkeypatch
+) -> None:
+    """verl's V1 worker takes a list of outputs: one row per segment, keyed `{uid}_{session}_{index}`,
+    each with its own prompt, response and mask and the episode's reward; verl's V1 advantage
+    (`compute_advantage_for_multi_trajectories`) then gives both segments the episode's advantage.
+    FAKE: TransferQueue's store (`async_kv_batch_put`, a controller and storage actors under Ray) is
+    replaced by a capture of what verl puts into it."""
+    import asyncio
+
+    import numpy as np
+    import transfer_queue as tq
+    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    crafted_episodes[GOLD] = segmented_episode(codec, GOLD, 1.0)
+    crafted_episodes[EMPTY] = lone = segmented_episode(codec, EMPTY, 0.0)
+    lone.segments = lone.segments[1:]  # an episode of one segment: one output, as before
+    stored: dict[str, dict] = {}
+
+    async def capture(keys, fields, tags, partition_id):
+        assert partition_id == "train" and all(t["status"] == "success" for t in tags)
+        for i, key in enumerate(keys):
+            stored[key] = {
+                name: fields[name][i] for name in ("prompts", "responses", "response_mask", "rm_scores")
+            }
+
+    monkeypatch.setattr(tq, "async_kv_batch_put", capture)
+    config = make_config(base_config, uniagent={"max_infra_failure_share": 1.0})
+    worker = _v1_worker(config, tokenizer)
+    batch = dataset_batch(data_dir, config, tokenizer, [GOLD, EMPTY])
+    info = asyncio.run(get_trajectory_info(1, [0, 1], False))
+
+    async def sessions():
+        for i, uid in enumerate(["u1", "u1"]):  # two sessions of one prompt group
+            row = {k: v[i] for k, v in batch.non_tensor_batch.items()}  # agent_name included, as in V1
+            params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+            await worker._run_agent_loop(
+                params,
+                info[i],
+                trace=False,
+                uid=uid,
+                session_id=i,
+                global_steps=1,
+                **row,
+            )
+
+    asyncio.run(sessions())
+    assert sorted(stored) == ["u1_0_0", "u1_0_1", "u1_1_0"]
+    segs = crafted_episodes[GOLD].segments
+    for key, seg in [("u1_0_0", segs[0]), ("u1_0_1", segs[1]), ("u1_1_0", lone.segments[0])]:
+        row = stored[key]
+        assert row["prompts"].tolist() == seg.prompt_ids and row["responses"].tolist() == seg.response_ids
+        assert row["response_mask"].tolist() == seg.response_mask
+    assert [float(stored[k]["rm_scores"].sum()) for k in ("u1_0_0", "u1_0_1", "u1_1_0")] == [1.0, 1.0, 0.0]
+
+    keys = sorted(stored)
+    width = max(len(stored[k]["responses"]) for k in keys)
+
+    def padded(name: str) -> torch.Tensor:
+        return torch.stack(
+            [
+                torch.nn.functional.pad(stored[k][name].float(), (0, width - len(stored[k][name])))
+                for k in keys
+            ]
+        )
+
+    data = DataProto.from_dict(
+        tensors={"response_mask": padded("response_mask"), "token_level_rewards": padded("rm_scores")},
+        non_tensors={"uid": np.array([k.split("_")[0] for k in keys], dtype=object)},
+    )
+    adv = compute_advantage_for_multi_trajectories(data, keys, "grpo").batch["advantages"]
+    mask = data.batch["response_mask"]
+    a = float(adv[1][mask[1] > 0][0])
+    assert a > 0
+    assert torch.allclose(adv[0], a * mask[0]) and torch.allclose(adv[1], a * mask[1])
+    assert torch.allclose(adv[2], -a * mask[2])
+
+
+def test_episode_outputs_lengths_and_masks_per_segment(codec) -> None:
+    """Each segment's output follows the length rules on its own; an untrainable episode's segments
+    are all masked; a segment without model tokens is not sent (it trains nothing, and verl's V1
+    advantage reads the final output's first model token)."""
+    from uniagent.agent.result import ExitReason
+    from uniagent.integrations.verl.loop import episode_outputs
+    from uniagent.tokens import Trajectory
+
+    episode = segmented_episode(codec, GOLD, 1.0)
+    first, second = episode.segments
+    episode.segments.append(Trajectory(prompt_ids=[1, 2, 3], reason="condensed"))  # opened, never used
+    lengths = {"prompt_length": len(second.prompt_ids) - 2, "response_length": 4096}
+    outs = episode_outputs(episode, [], **lengths)
+    assert [o.extra_fields["segment_index"] for o in outs] == [0, 1]
+    assert outs[1].prompt_ids == second.prompt_ids[:-2]
+    assert outs[1].response_ids == second.prompt_ids[-2:] + second.response_ids
+    assert outs[1].response_mask == [0, 0, *second.response_mask]
+    assert outs[0].prompt_ids == first.prompt_ids[: lengths["prompt_length"]]
+    assert [o.reward_score for o in outs] == [1.0, 1.0]
+    episode.exit_reason = ExitReason.SANDBOX_DEAD
+    assert all(sum(o.response_mask) == 0 for o in episode_outputs(episode, [], **lengths))
+    (last,) = episode_outputs(episode, [], all_segments=False, **lengths)
+    assert last.prompt_ids == [1, 2, 3] and last.extra_fields["segments_dropped"] == 2
