@@ -216,13 +216,10 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
     (traj,) = row["segments"]
     assert traj["num_turns"] == 2 and sum(traj["response_mask"]) > 0
 
-    bad = subprocess.run(
-        [*cli, "--set", "agent_kind=mini-swe-agent", "--backend", "ray"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # harness agents run on Ray too now (test_agent_seam.py); an unknown kind is one line, exit 2
+    bad = subprocess.run([*cli, "--agent", "claude-code"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "agent_kind" in bad.stderr
+    assert "known: react, mini-swe-agent" in bad.stderr
 
 
 def test_agent_kind_parsing() -> None:
