@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from uniagent.models.base import SamplingParams
-from uniagent.models.token_chat import HistoryMismatchError, TokenChatModel
+from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.tokens import ChatCodec
 
@@ -70,7 +70,7 @@ async def _episode(engine, codec, temperature: float, max_tokens: int, seed: int
             ]
             contexts.append(new)
             messages.extend(new)
-    traj = chat.finish(messages, TOOLS)
+    (traj,) = chat.finish(messages, TOOLS)
     return spy, chat, traj, messages, contexts
 
 
@@ -126,22 +126,27 @@ async def test_five_turn_episode_is_token_exact(smol_engine, smol_tokenizer, tem
         assert (
             traj.drift is None
             or traj.token_ids[: traj.drift]
-            == codec.encode(codec.render(chat._for_template(messages, TOOLS), add_generation_prompt=False))[
-                : traj.drift
-            ]
+            == codec.encode(
+                codec.render(chat.conversation.full_view(messages, TOOLS)[0], add_generation_prompt=False)
+            )[: traj.drift]
         )
 
 
-async def test_rewritten_history_is_refused(smol_engine, smol_tokenizer):
+async def test_rewritten_history_starts_a_new_segment(smol_engine, smol_tokenizer):
+    """A caller that rewrites the history gets a new segment rendered afresh; the first segment
+    keeps what was generated in it (nothing is dropped)."""
     codec = ChatCodec(smol_tokenizer)
     chat = TokenChatModel(
         smol_engine, codec, get_parser("hermes"), SamplingParams(temperature=0.0, max_tokens=8)
     )
     messages = [{"role": "user", "content": "Say hi."}]
     turn = await chat.query(messages)
+    first = list(chat.trajectory.response_ids)
     messages = [{"role": "user", "content": "Say bye."}, turn.message, {"role": "user", "content": "Again."}]
-    with pytest.raises(HistoryMismatchError):
-        await chat.query(messages)
+    await chat.query(messages)
+    one, two = chat.finish(messages)
+    assert (one.reason, two.reason) == ("start", "rewritten") and one.response_ids == first
+    assert two.prompt_ids == codec.prompt_ids(messages)
 
 
 def _teacher_forced_gap(engine, prompt, generation) -> float:

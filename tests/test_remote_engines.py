@@ -173,7 +173,7 @@ async def test_episode_through_token_chat_model_is_token_exact(codec: ChatCodec,
         messages += [first.message, {"role": "user", "content": "And 3+3?"}]
         second = await model.query(messages)
         messages.append(second.message)
-        traj = model.finish(messages)
+        (traj,) = model.finish(messages)
     finally:
         await engine.aclose()
         await server.stop()

@@ -60,7 +60,7 @@ async def test_cut_turn_gets_end_of_turn_as_context(codec):
     messages += [turn.message, {"role": "user", "content": "continue"}]
     turn = await chat.query(messages, TOOLS)
     messages.append(turn.message)
-    traj = chat.finish(messages, TOOLS)
+    (traj,) = chat.finish(messages, TOOLS)
     # The cut turn is closed with the end-of-turn as context (mask 0), right after it.
     cut = [s for s in traj.spans if s.kind == "model"][1]
     after = next(s for s in traj.spans if s.start == cut.end)

@@ -179,7 +179,7 @@ async def run_demo(
         if messages[-1]["role"] != "assistant":
             turn = await chat.query(messages, DEMO_TOOLS)
             messages.append(turn.message)
-        trajectory = chat.finish(messages, DEMO_TOOLS)
+        (trajectory,) = chat.finish(messages, DEMO_TOOLS)  # append-only: one segment
     finally:
         await factory.close()
     return DemoResult(messages, trajectory, time.perf_counter() - started, calls, errors, codec.tokenizer)

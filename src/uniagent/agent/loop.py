@@ -85,8 +85,7 @@ class AgentInteraction:
         )
         # A full render and tokenization of the whole episode (drift): CPU work that grows with
         # the episode, so not on the event loop that serves every other episode.
-        traj = await asyncio.to_thread(self._finish_trajectory, history, result)
-        result.segments = [traj] if traj is not None else []
+        result.segments = await asyncio.to_thread(self._finish_segments, history, result)
         if exit_reason.trainable and verifier is not None:
             await self._verify(verifier, sandbox, result)
         metrics["wall_s"] = time.perf_counter() - started
@@ -136,18 +135,17 @@ class AgentInteraction:
 
     def _context_full(self) -> bool:
         limit = self.config.max_context_tokens
-        used = getattr(self.model, "context_tokens", 0)
-        return bool(limit and used >= limit)
+        return bool(limit and self.model.context_tokens >= limit)
 
     async def _query(self, history: list[dict[str, Any]], metrics: dict[str, Any], started: float) -> Any:
         cfg = self.config
-        self._cap_turn_tokens()
         remaining = None
         if cfg.wall_time_s:
             remaining = max(0.1, cfg.wall_time_s - (time.perf_counter() - started))
         t0 = time.perf_counter()
         try:
-            turn = await asyncio.wait_for(self.model.query(history, self.specs), remaining)
+            query = self.model.query(history, self.specs, max_tokens=self._turn_cap())
+            turn = await asyncio.wait_for(query, remaining)
         except TimeoutError:
             raise _ModelFailure("the model did not answer within the episode's wall time") from None
         except (EngineError, OSError) as exc:
@@ -158,17 +156,13 @@ class AgentInteraction:
         metrics["completion_tokens"] += turn.completion_tokens
         return turn
 
-    def _cap_turn_tokens(self) -> None:
-        """Per-turn and context caps become the engine's max_tokens for this turn."""
-        sampling = getattr(self.model, "sampling", None)
-        if sampling is None:
-            return
-        cap = self.config.max_tokens_per_turn or sampling.max_tokens
+    def _turn_cap(self) -> int | None:
+        """This turn's max_tokens: the per-turn cap, within what the context cap leaves."""
+        cap = self.config.max_tokens_per_turn
         if self.config.max_context_tokens:
-            used = getattr(self.model, "context_tokens", 0)
-            cap = max(1, min(cap, self.config.max_context_tokens - used))
-        if cap != sampling.max_tokens:
-            self.model.sampling = sampling.model_copy(update={"max_tokens": cap})  # type: ignore[attr-defined]
+            room = max(1, self.config.max_context_tokens - self.model.context_tokens)
+            cap = room if cap is None else min(cap, room)
+        return cap
 
     async def _run_tool(
         self, name: str, arguments: dict[str, Any], sandbox: Sandbox, metrics: dict[str, Any]
@@ -196,20 +190,21 @@ class AgentInteraction:
             metrics["tool_errors"] += 1
         return result
 
-    def _finish_trajectory(self, history: list[dict[str, Any]], result: EpisodeResult) -> Any:
-        finish = getattr(self.model, "finish", None)
-        if finish is None or getattr(self.model, "trajectory", None) is None:
-            return None
+    def _finish_segments(self, history: list[dict[str, Any]], result: EpisodeResult) -> list[Any]:
+        if not self.model.segments:
+            return []
         # The model never saw what came after its last turn (e.g. submit's reply).
         last = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
         try:
-            traj = finish(history[: last + 1], self.specs)
+            segments = self.model.finish(history[: last + 1], self.specs)
         except Exception as exc:  # the episode stands; its token record is what failed
             log.warning("could not finish the token trajectory: %s", exc)
             result.metrics["trajectory_error"] = str(exc)
-            return getattr(self.model, "trajectory", None)
-        result.metrics["drift"] = traj.drift
-        return traj
+            return list(self.model.segments)
+        result.metrics["drift"] = next((t.drift for t in segments if t.drift is not None), None)
+        if len(segments) > 1:
+            result.metrics["segments"] = len(segments)
+        return segments
 
     async def _verify(self, verifier: Verifier, sandbox: Sandbox, result: EpisodeResult) -> None:
         await verify_episode(verifier, sandbox, result, self.config.verifier_timeout_s)

@@ -68,8 +68,32 @@ class AssistantTurn:
 
 @runtime_checkable
 class ChatModel(Protocol):
-    """Message level: the agent loop talks to this."""
+    """Message level: the agent loop talks to this, and only through these members.
+
+    `context_tokens`: tokens in the current segment (what the next call's context holds; 0 for a
+    model that keeps no token record). `segments`: the token record so far, one `Trajectory`
+    per segment ([] for a text-level model). `begin_segment(reason)`: the next `query` renders
+    its messages afresh and starts a segment with that reason (a context policy condensed the
+    history). `finish(messages, tools)`: the episode's segments, each with its drift.
+    `max_tokens` on `query` caps that call only."""
+
+    trainable: bool
+
+    @property
+    def context_tokens(self) -> int: ...
+
+    @property
+    def segments(self) -> list[Any]: ...
 
     async def query(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
     ) -> AssistantTurn: ...
+
+    def begin_segment(self, reason: str) -> None: ...
+
+    def finish(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[Any]: ...

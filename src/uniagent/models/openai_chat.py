@@ -92,6 +92,19 @@ class OpenAIChatModel:
         self._client = openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
         self._endpoint = str(self._client.base_url).rstrip("/")
 
+    # A text-level model keeps no token record: no context count, no segments.
+    context_tokens = 0
+
+    @property
+    def segments(self) -> list[Any]:
+        return []
+
+    def begin_segment(self, reason: str) -> None:
+        """Nothing to do: the endpoint renders the whole history on every call."""
+
+    def finish(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[Any]:
+        return []
+
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._endpoint!r}, api_key='***')"
 
@@ -105,10 +118,16 @@ class OpenAIChatModel:
         await self.aclose()
 
     async def query(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
     ) -> AssistantTurn:
-        """One chat completion, retried on rate limits, server errors and dropped connections."""
+        """One chat completion, retried on rate limits, server errors and dropped connections.
+        `max_tokens` caps this call only (the loop's per-turn budget)."""
         request = self._request(messages, tools)
+        if max_tokens is not None:
+            request["max_tokens"] = min(max_tokens, self.max_tokens or max_tokens)
         started = time.perf_counter()
         attempt = 0
         while True:

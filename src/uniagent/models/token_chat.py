@@ -8,7 +8,6 @@ the conversation; tokens are never re-derived from that text.
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 from typing import Any
@@ -17,11 +16,7 @@ from uniagent.errors import UniAgentError
 from uniagent.models.base import AssistantTurn, SamplingParams, TokenEngine
 from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
 from uniagent.parsers.prompt import inject_tools
-from uniagent.tokens import ChatCodec, Trajectory
-
-
-class HistoryMismatchError(UniAgentError):
-    """The caller changed conversation history this model already turned into tokens."""
+from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
 
 
 class TokenChatModel:
@@ -29,7 +24,9 @@ class TokenChatModel:
 
     One instance serves one episode (one conversation): call `reset()` to start another.
     Tools are shown to the model natively when the template renders tool calls, otherwise as
-    system-prompt instructions in the parser's format.
+    system-prompt instructions in the parser's format. The token record is a `TokenConversation`:
+    a history that stops being append-only (a context policy condensed it, a caller rewrote it)
+    starts a new segment instead of failing; nothing generated is dropped.
     """
 
     trainable = True
@@ -54,83 +51,68 @@ class TokenChatModel:
         self.reset(self.request_id)
 
     def reset(self, request_id: str | None = None) -> None:
-        """Forget the conversation; the next `query` starts a new trajectory."""
-        self.trajectory: Trajectory | None = None
+        """Forget the conversation; the next `query` starts a new record."""
+        self.conversation = TokenConversation(
+            self.codec, self.sampling.stop_token_ids, self.native_tools, self._inject
+        )
         self.request_id = request_id or uuid.uuid4().hex
-        self._seen: list[dict[str, Any]] = []
-        self._cut_turn = False
         self._call_count = 0
 
     # -- ChatModel ------------------------------------------------------------------------
     async def query(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
     ) -> AssistantTurn:
+        """One model turn. `max_tokens` lowers this turn's cap only (the loop's per-turn/context budget)."""
+        if not messages:
+            raise UniAgentError("query() needs at least one message")
         started = time.perf_counter()
-        prompt_ids = self._extend(messages, tools)
-        generation = await self.engine.generate(prompt_ids, self.sampling, self.request_id)
-        assert self.trajectory is not None
-        self.trajectory.add_generation(generation.token_ids, generation.logprobs, generation.finish_reason)
-        stops = set(self.sampling.stop_token_ids)
-        ended = bool(generation.token_ids) and generation.token_ids[-1] in stops
-        self._cut_turn = not ended
-        text_ids = generation.token_ids[:-1] if ended else generation.token_ids
-        text = self.codec.decode(text_ids)
-        turn = self._turn(text, tools, generation.finish_reason)
-        turn.prompt_tokens = len(prompt_ids)
+        plan = self.conversation.plan(messages, tools)
+        sampling = self.sampling
+        if max_tokens is not None and max_tokens < sampling.max_tokens:
+            sampling = sampling.model_copy(update={"max_tokens": max(1, max_tokens)})
+        generation = await self.engine.generate(plan.prompt_ids, sampling, self.request_id)
+        reply = self.conversation.commit(
+            plan, generation.token_ids, generation.logprobs, generation.finish_reason
+        )
+        turn = self._turn(reply.text, tools, generation.finish_reason)
+        self.conversation.add_reply(reply, turn.message)
+        turn.prompt_tokens = reply.prompt_tokens
         turn.completion_tokens = len(generation.token_ids)
         turn.metrics["model_s"] = time.perf_counter() - started
-        # Only the new messages are copied: the earlier ones were checked equal to `_seen` by `_extend`
-        # (a copy of the whole history per turn grew with it).
-        self._seen.extend(copy.deepcopy(messages[len(self._seen) :]))
-        self._seen.append(turn.message)
         return turn
 
-    def finish(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Trajectory:
-        """Close the episode: compute drift against a full render of `messages`, validate."""
-        if self.trajectory is None:
+    def begin_segment(self, reason: str) -> None:
+        """The next query renders its messages afresh and starts a segment with `reason`."""
+        self.conversation.begin_segment(reason)
+
+    def finish(
+        self, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
+    ) -> list[Trajectory]:
+        """Close the episode: every segment with its drift against a full render of its messages."""
+        if not self.conversation.segments:
             raise UniAgentError("no turn was generated, so there is no trajectory to finish")
-        rendered = self._for_template(messages, tools)
-        self.trajectory.drift = self.codec.drift(rendered, self.trajectory.token_ids, self._native(tools))
-        self.trajectory.validate()
-        return self.trajectory
+        return self.conversation.finish()
+
+    @property
+    def segments(self) -> list[Trajectory]:
+        return self.conversation.trajectories
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The current (last) segment."""
+        seg = self.conversation.current
+        return seg.trajectory if seg is not None else None
 
     @property
     def context_tokens(self) -> int:
-        return len(self.trajectory) if self.trajectory else 0
+        return self.conversation.context_tokens
 
     # -- internals ------------------------------------------------------------------------
-    def _native(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        return tools if (tools and self.native_tools) else None
-
-    def _for_template(self, messages: list[dict[str, Any]], tools) -> list[dict[str, Any]]:
-        """Messages as the template sees them: tool instructions injected when not native."""
-        if tools and not self.native_tools:
-            return inject_tools(messages, tools, self.parser)
-        return messages
-
-    def _extend(self, messages: list[dict[str, Any]], tools) -> list[int]:
-        """Bring the token stream up to `messages` and return the full prompt ids."""
-        if self.trajectory is None:
-            self.trajectory = Trajectory(
-                prompt_ids=self.codec.prompt_ids(self._for_template(messages, tools), self._native(tools))
-            )
-            return self.trajectory.prompt_ids
-        n = len(self._seen)
-        if messages[:n] != self._seen:
-            raise HistoryMismatchError(
-                "the conversation history differs from the one already tokenized; "
-                "TokenChatModel only appends (call reset() to start a new trajectory)"
-            )
-        new = messages[n:]
-        if not new:
-            raise UniAgentError("query() needs at least one new message after the model's last turn")
-        if self._cut_turn:
-            # The turn stopped without its end-of-turn (max_tokens): close it as context.
-            self.trajectory.add_context(self.codec.eot_ids, role="assistant")
-            self._cut_turn = False
-        ids = self.codec.continuation_ids(new, self._native(tools))
-        self.trajectory.add_context(ids, role=new[0].get("role", "context"))
-        return self.trajectory.token_ids
+    def _inject(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return inject_tools(messages, tools, self.parser)
 
     def _turn(self, text: str, tools, finish_reason) -> AssistantTurn:
         format_error = None

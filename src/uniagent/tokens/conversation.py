@@ -1,0 +1,239 @@
+"""TokenConversation: the one owner of an exact running token sequence, as segments.
+
+The ReAct loop's `TokenChatModel` and the gateway's sessions both turn a message history into
+the exact tokens a model saw and produced. This class is that bookkeeping, written once:
+
+- a request whose messages extend a segment (its messages unchanged, new ones after) appends
+  only the new messages' tokens (`ChatCodec.continuation_ids`); generated tokens are kept as
+  sampled (mask 1, engine logprobs) and never re-tokenized;
+- a request that rewrites history after an assistant turn the segment holds *rolls back*: a new
+  segment whose prompt is the exact tokens up to that turn, then the rest rendered as context
+  (`rollback`); the old segment keeps what it generated;
+- anything else (a rewritten start, condensed history, changed tools) opens a segment rendered
+  from scratch, with the reason it began.
+
+Every generated token is in exactly one segment with mask 1; a later segment's prompt may hold
+it again, as context. Nothing generated is dropped. State changes only in `commit` (after a
+generation succeeded), so a request that fails leaves the conversation as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from uniagent.tokens.codec import ChatCodec, Messages, Tools
+from uniagent.tokens.trajectory import Trajectory
+
+Inject = Callable[[Messages, list[dict[str, Any]]], Messages]
+"""For a template that cannot render tools: the messages with the tools described in them (the
+tool parser's instructions in the system prompt). Used for full renders only."""
+
+
+@dataclass
+class Segment:
+    """One exact, append-only token sequence and the messages it stands for."""
+
+    trajectory: Trajectory
+    tools: Tools
+    keys: list[Any] = field(default_factory=list)  # one per message: what must match to extend
+    messages: Messages = field(default_factory=list)  # as the template sees them (for drift)
+    turn_ends: dict[int, int] = field(default_factory=dict)  # assistant message index -> tokens
+    cut_turn: bool = False  # the last generation stopped without its end-of-turn
+    ended: str | None = None  # set by the owner (e.g. "length": the context cap was reached)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.trajectory.token_ids
+
+
+@dataclass
+class Plan:
+    """A request turned into a prompt. Applied by `TokenConversation.commit` only."""
+
+    segment: Segment | None  # the segment this request extends, or None: a new segment
+    reason: str  # why the new segment begins ("" when extending)
+    chain: int
+    prompt_ids: list[int]
+    context: list[tuple[list[int], str]]  # (ids, role) appended to `segment` before generating
+    keys: list[Any]  # the request's match keys (the very `messages` list when keys are messages)
+    messages: Messages  # the whole request, as the template sees it (not copied until commit)
+    tools: Tools
+
+
+@dataclass
+class Reply:
+    """A committed generation: its text (the stop token removed) and where it landed."""
+
+    text: str
+    stopped: bool  # ended with a stop token (else cut: max_tokens or abort)
+    segment: Segment
+    prompt_tokens: int
+
+
+class TokenConversation:
+    """Segments of one episode (or one gateway session). See the module docstring."""
+
+    def __init__(
+        self,
+        codec: ChatCodec,
+        stop_ids: Sequence[int] | None = None,
+        native_tools: bool | None = None,
+        inject: Inject | None = None,
+    ) -> None:
+        self.codec = codec
+        self.stop_ids = set(stop_ids if stop_ids is not None else codec.stop_token_ids)
+        self.native_tools = codec.renders_tool_calls if native_tools is None else native_tools
+        self.inject = inject
+        self.segments: list[Segment] = []
+        self._forced: str | None = None
+        self._chains = 0
+
+    # -- views -----------------------------------------------------------------------------
+    @property
+    def current(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [s.trajectory for s in self.segments]
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of the current segment: what the next generation's context holds."""
+        return len(self.current.trajectory) if self.segments else 0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(s.trajectory.num_model_tokens for s in self.segments)
+
+    def begin_segment(self, reason: str) -> None:
+        """The next request is rendered afresh and starts a segment with `reason` (same chain)."""
+        self._forced = reason
+
+    # -- requests --------------------------------------------------------------------------
+    def plan(self, messages: Messages, tools: Tools = None, keys: list[Any] | None = None) -> Plan:
+        """Where `messages` go: extend a segment, roll one back, or start one.
+
+        `messages` are as the template should see them; `keys` (default: the messages) say what
+        must be unchanged for a message to count as the same one (a gateway compares them
+        whitespace-insensitively)."""
+        keys = messages if keys is None else keys
+        if len(keys) != len(messages):
+            raise ValueError(f"{len(keys)} keys for {len(messages)} messages")
+        if self._forced is None:
+            for seg in reversed(self.segments):
+                n = len(seg.keys)
+                if seg.tools == tools and len(keys) > n and keys[:n] == seg.keys:
+                    return self._extend(seg, messages, tools, keys)
+            rolled = self._rollback(messages, tools, keys)
+            if rolled is not None:
+                return rolled
+        reason = self._forced or ("start" if not self.segments else "rewritten")
+        chain = self._chains if reason in ("start", "rewritten") else self._chain_now()
+        prompt = self.codec.prompt_ids(*self.full_view(messages, tools))
+        return Plan(None, reason, chain, prompt, [], keys, messages, tools)
+
+    def _chain_now(self) -> int:
+        return self.current.trajectory.chain if self.segments else 0
+
+    def _extend(self, seg: Segment, messages: Messages, tools: Tools, keys: list[Any]) -> Plan:
+        new = messages[len(seg.keys) :]
+        context: list[tuple[list[int], str]] = []
+        if seg.cut_turn:  # the last turn stopped without its end-of-turn: close it as context
+            context.append((self.codec.eot_ids, "assistant"))
+        context.append((self._continuation(new, tools), new[0].get("role", "context")))
+        prompt = seg.token_ids + [t for ids, _ in context for t in ids]
+        return Plan(seg, "", seg.trajectory.chain, prompt, context, keys, messages, tools)
+
+    def _rollback(self, messages: Messages, tools: Tools, keys: list[Any]) -> Plan | None:
+        """The latest segment sharing an assistant turn with the request, cut after that turn."""
+        for seg in reversed(self.segments):
+            if seg.tools != tools or not seg.turn_ends:
+                continue
+            same = 0
+            for a, b in zip(keys, seg.keys, strict=False):
+                if a != b:
+                    break
+                same += 1
+            kept = [i for i in seg.turn_ends if i < same and i < len(messages) - 1]
+            if not kept:
+                continue
+            cut = max(kept)
+            prefix = seg.token_ids[: seg.turn_ends[cut]]
+            if prefix[-1:] and prefix[-1] not in self.stop_ids:
+                prefix = prefix + self.codec.eot_ids  # that turn was cut: close it as context
+            prompt = prefix + self._continuation(messages[cut + 1 :], tools)
+            return Plan(None, "rollback", seg.trajectory.chain, prompt, [], keys, messages, tools)
+        return None
+
+    def _continuation(self, new: Messages, tools: Tools) -> list[int]:
+        return self.codec.continuation_ids(new, self.template_tools(tools))
+
+    def template_tools(self, tools: Tools) -> Tools:
+        """The tools the template is given: all of them when it renders tools, else none."""
+        return tools if (tools and self.native_tools) else None
+
+    def full_view(self, messages: Messages, tools: Tools) -> tuple[Messages, Tools]:
+        """Messages and tools as a full render of the template takes them."""
+        if tools and not self.native_tools and self.inject is not None:
+            return self.inject(messages, tools), None
+        return messages, self.template_tools(tools)
+
+    def commit(
+        self, plan: Plan, token_ids: list[int], logprobs: list[float], finish_reason: str = "stop"
+    ) -> Reply:
+        """Record a successful generation for `plan`; the reply's message comes via `add_reply`."""
+        seg = plan.segment
+        if seg is None:
+            traj = Trajectory(prompt_ids=list(plan.prompt_ids), reason=plan.reason, chain=plan.chain)
+            seg = Segment(traj, plan.tools)
+            if plan.reason in ("start", "rewritten"):
+                self._chains += 1
+            self.segments.append(seg)
+            self._forced = None
+        else:
+            for ids, role in plan.context:
+                seg.trajectory.add_context(ids, role=role)
+        # Only what is new is copied (the rest was checked equal by `plan`): the caller may change
+        # its own message dicts later, and a copy of the whole history per turn grows with it.
+        n = len(seg.keys)
+        new_messages = copy.deepcopy(plan.messages[n:])
+        new_keys = new_messages if plan.keys is plan.messages else copy.deepcopy(plan.keys[n:])
+        seg.keys.extend(new_keys)
+        seg.messages.extend(new_messages)
+        seg.trajectory.add_generation(token_ids, logprobs, finish_reason)
+        stopped = bool(token_ids) and token_ids[-1] in self.stop_ids
+        seg.cut_turn = not stopped
+        text = self.codec.decode(token_ids[:-1] if stopped else token_ids)
+        return Reply(text, stopped, seg, len(plan.prompt_ids))
+
+    def add_reply(self, reply: Reply, message: dict[str, Any], key: Any = None) -> None:
+        """The assistant message the generation stands for (template view) and its match key."""
+        seg = reply.segment
+        seg.turn_ends[len(seg.keys)] = len(seg.trajectory)
+        seg.keys.append(message if key is None else key)
+        seg.messages.append(message)
+
+    # -- results ---------------------------------------------------------------------------
+    def finish(
+        self,
+        drift: Callable[[Segment, Messages, Tools], tuple[int | None, str | None]] | None = None,
+    ) -> list[Trajectory]:
+        """Every segment, validated, with its drift against a full render of its messages.
+
+        `drift(segment, messages, tools)` (the full-render view) returns (index, kind); the
+        default is `ChatCodec.drift` with no kind."""
+        out = []
+        for seg in self.segments:
+            traj = seg.trajectory
+            shown, shown_tools = self.full_view(seg.messages, seg.tools)
+            if drift is not None:
+                traj.drift, traj.drift_kind = drift(seg, shown, shown_tools)
+            else:
+                traj.drift = self.codec.drift(shown, traj.token_ids, shown_tools)
+            traj.validate()
+            out.append(traj)
+        return out
