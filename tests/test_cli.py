@@ -112,7 +112,7 @@ def test_demo_runs_one_short_episode_with_the_real_model() -> None:
     res = invoke("demo", "--turns", "1", "--max-tokens", "4", "--no-show-tokens")
     assert res.exit_code == 0, res.output
     assert "trajectory (what the trainer receives)" in res.output
-    assert "model_tokens" in res.output and "drift" in res.output
+    assert "model_tokens" in res.output and "drift" in res.output and "drift_kind" in res.output
 
 
 # -- gateway ------------------------------------------------------------------------------------

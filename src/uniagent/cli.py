@@ -56,7 +56,8 @@ def demo(
     traj = result.trajectory
     summary = traj.summary()
     table = Table(title="trajectory (what the trainer receives)")
-    for key in ("prompt_tokens", "response_tokens", "model_tokens", "context_tokens", "num_turns", "drift"):
+    counts = ("prompt_tokens", "response_tokens", "model_tokens", "context_tokens", "num_turns")
+    for key in (*counts, "drift", "drift_kind"):  # kind: sampled (harmless) or bookkeeping (a bug)
         table.add_row(key, str(summary[key]))
     model_lp = [lp for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if m]
     table.add_row("mean logprob (model tokens)", f"{sum(model_lp) / max(len(model_lp), 1):.3f}")

@@ -162,7 +162,8 @@ class ChatCodec:
         """First index where `token_ids` differs from a full render of `messages`, else None.
 
         When the conversation ends with an assistant turn, the running sequence stops at the
-        end-of-turn token; what the template writes after it is not drift.
+        end-of-turn token; what the template writes after it is not drift. Whether a difference
+        is a bug of ours or sampled text split differently: `uniagent.tokens.drift.drift_report`.
         """
         ends_with_assistant = bool(messages) and messages[-1].get("role") == "assistant"
         reference = self.encode(self.render(messages, tools, add_generation_prompt=not ends_with_assistant))
