@@ -234,10 +234,10 @@ class Watched:
     monitor_cpu: float  # this process's CPU over the run (the sampling), inside cpu_util
 
 
-def watch(start: Callable[[], subprocess.Popen[bytes]], sample_s: float) -> Watched:
+def watch(start: Callable[[], subprocess.Popen[bytes]], sample_s: float, marker: Path) -> Watched:
     c0, t0, me0 = cpu_times(), time.monotonic(), time.process_time()
     proc = start()
-    mon = TreeMonitor(proc.pid, sample_s)
+    mon = TreeMonitor(proc.pid, sample_s, str(marker))
     mon.start()
     rc = proc.wait()
     wall = time.monotonic() - t0
@@ -252,7 +252,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
     spec = child_spec(out, script, level, samples, args)
-    run = watch(lambda: start_child(spec, out / "child.log"), args.sample_s)
+    run = watch(lambda: start_child(spec, out / "child.log"), args.sample_s, out / "tmp")
     proc, rc, wall, mon, monitor_cpu = run.proc, run.rc, run.wall, run.mon, run.monitor_cpu
     # A descendant that outlives the runner for good shows here; one that only takes a while to
     # exit (a sandbox at nice 19 on a busy machine) is waited for and its delay reported.
@@ -316,7 +316,9 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
         "result": str(out / "peer.json"),
     }
     (out / "peer-spec.json").write_text(json.dumps(spec))
-    run = watch(lambda: spawn("runner_peer.py", out / "peer-spec.json", out / "peer.log"), args.sample_s)
+    run = watch(
+        lambda: spawn("runner_peer.py", out / "peer-spec.json", out / "peer.log"), args.sample_s, out / "tmp"
+    )
     rc, wall, mon = run.rc, run.wall, run.mon
     ctx = {"level": level, "samples": samples, "system": "mini-swe-agent", "delay_s": args.delay}
     if rc != 0 or not (out / "peer.json").exists():
@@ -383,7 +385,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     spec = child_spec(out, script, level, samples, args)
     t0 = time.monotonic()
     proc = start_child(spec, out / "child.log")
-    mon = TreeMonitor(proc.pid, args.sample_s)
+    mon = TreeMonitor(proc.pid, args.sample_s, str(out / "tmp"))
     mon.start()
     while proc.poll() is None and store_count(out / "run") < target:
         time.sleep(0.2)

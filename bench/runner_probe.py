@@ -60,13 +60,33 @@ def cgroups_snapshot(owner: int | None = None) -> set[str]:
     return cgroups
 
 
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def strays(marker: str, root: int | None = None) -> dict[int, tuple[str, str]]:
+    """Processes anywhere on the machine (not `root`) with `marker` in an argument, zombies aside:
+    {pid: (name, status)}. The marker is a run's private TMPDIR, which bwrap and its launcher name
+    in their arguments (the sandbox's workspace and control dirs). Found by argv, not by the tree:
+    a sandbox process that outlived the run was reparented to init, possibly before any sample
+    saw it (issue 14: six bwraps left stopped, state T, by a kill -9, unseen by the tree check)."""
+    out = {}
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        info = p.info
+        if p.pid == root or info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if any(marker in arg for arg in info["cmdline"] or ()):
+            out[p.pid] = (info["name"], info["status"])
+    return out
+
+
 class TreeMonitor(threading.Thread):
     """Samples a process tree: peak RSS of the root and of the whole tree, every pid seen (with its
     start time, so a reused pid is not mistaken for a survivor)."""
 
-    def __init__(self, pid: int, interval: float) -> None:
+    def __init__(self, pid: int, interval: float, marker: str | None = None) -> None:
         super().__init__(daemon=True)
         self.root = psutil.Process(pid)
+        self.marker = marker  # see `strays`
         self.interval = interval
         self.peak_root = 0
         self.peak_tree = 0
@@ -103,19 +123,27 @@ class TreeMonitor(threading.Thread):
         self.join()
 
     def survivors(self) -> list[str]:
-        """Processes of the tree (not its root) still running: `name(pid)` each. A zombie (dead,
-        waiting for its new parent to reap it) has stopped and is not counted."""
-        alive = []
+        """Processes of the tree (not its root) still there, `name(pid)` each, `name(pid, stopped)`
+        for one stopped (state T: it never ends by itself), and the run's `strays`. A zombie (dead,
+        waiting for its new parent to reap it) has ended and is not counted."""
+        alive = {}
         for pid, (created, name) in self.seen.items():
             if pid == self.root.pid:
                 continue
             try:
                 p = psutil.Process(pid)
                 if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(f"{name}({pid})")
+                    alive[pid] = (name, p.status())
             except psutil.Error:
                 continue
-        return alive
+        if self.marker:
+            alive.update(
+                (pid, seen) for pid, seen in strays(self.marker, self.root.pid).items() if pid not in alive
+            )
+        return [
+            f"{name}({pid}{', stopped' if status in STOPPED else ''})"
+            for pid, (name, status) in alive.items()
+        ]
 
     def wait_survivors(self, timeout: float) -> tuple[list[str], float]:
         """Survivors once none is left or `timeout` passed, and how long that took."""

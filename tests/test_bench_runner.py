@@ -6,7 +6,11 @@ mini-swe-agent peer, and the kill/resume checker on a real run store. The full l
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from conftest import needs_bwrap
 from uniagent.parsers import get_parser
 from uniagent.runner.store import RunStore, episode_row
+from uniagent.sandbox import procs
 from uniagent.tasks import load_tasks
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -105,3 +110,51 @@ def test_kill_resume_checker_finds_duplicates_missing_and_unresolved(tmp_path):
 def test_levels_match_the_issue_table(level, tasks, samples):
     assert runner.samples_for(level, tasks) * tasks == {1: 18, 100: 108, 1000: 1008}[level]
     assert samples == runner.samples_for(level, tasks)
+
+
+def _stopped(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while procs.state(proc.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_survivor_check_counts_stopped_processes_in_and_out_of_the_tree(tmp_path):
+    # A sandbox process stopped (state T) never ends by itself: it must count, marked as such,
+    # whether the sampler saw it in the run's tree or it was reparented to init unseen (issue 14's
+    # kill -9 left six such bwraps that the tree check missed). Matched by the run's TMPDIR in argv.
+    marker = str(tmp_path / "tmp")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    root = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    stray = subprocess.Popen([*sleeper, f"{marker}/uniagent-ws-1-x"])  # not under root
+    other = subprocess.Popen([*sleeper, str(tmp_path / "elsewhere")])
+    ended = subprocess.Popen([*sleeper[:2], "pass", marker])  # a zombie until reaped: not counted
+    try:
+        deadline = time.monotonic() + 5
+        while not procs.children(root.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (child,) = procs.children(root.pid)
+        mon = runner_probe.TreeMonitor(root.pid, 0.05, marker)
+        mon.sample()
+        _stopped(stray)
+        _stopped(root)
+        os.kill(child, signal.SIGSTOP)
+        while procs.state(child) != "T" or procs.state(ended.pid) != "Z":
+            assert time.monotonic() < deadline + 5
+            time.sleep(0.01)
+        name = runner_probe.psutil.Process(stray.pid).name()
+        assert sorted(mon.survivors()) == sorted(
+            [f"sleep({child}, stopped)", f"{name}({stray.pid}, stopped)"]
+        )
+        os.kill(child, signal.SIGKILL)
+        stray.kill()
+        stray.wait()
+        while procs.alive(child) and time.monotonic() < deadline + 10:
+            time.sleep(0.01)
+        assert mon.survivors() == []
+    finally:
+        procs.signal_pids(procs.children(root.pid), signal.SIGKILL)
+        for p in (root, stray, other):
+            p.kill()
+            p.wait()
+        ended.wait()
