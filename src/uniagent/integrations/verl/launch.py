@@ -21,6 +21,10 @@ could never stop a step. The legacy trainer (`main_ppo_v0`, still shipped in 0.9
 `fit`, so the raise fails the step and the run; it is also the path the tests run, and it does not
 need TransferQueue (V1 does, from verl's `verl-core` extra). So the `main_ppo` recipes set
 `trainer.use_v1=False`, and a command that turns V1 back on while the check is on is refused.
+The price: the legacy trainer takes one output per sample, so of an episode with several segments
+(context condensed, history rewritten) only the last segment trains there; V1 takes one output per
+segment and trains them all (see `loop.py`). `trainer.use_v1=True
++uniagent.max_infra_failure_share=1.0` chooses every segment over the step check.
 """
 
 from __future__ import annotations
