@@ -94,6 +94,11 @@ class ChatModel(Protocol):
 
     def begin_segment(self, reason: str) -> None: ...
 
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        """Tokens of a prompt rendered afresh from `messages` (what a new segment would start
+        with; a context policy sizes a condensed history with it). 0 without a token record."""
+        ...
+
     def finish(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[Any]: ...

@@ -105,6 +105,9 @@ class OpenAIChatModel:
     def finish(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[Any]:
         return []
 
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        return 0  # no tokenizer here: token-sized context policies never trigger
+
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._endpoint!r}, api_key='***')"
 

@@ -88,6 +88,10 @@ class TokenChatModel:
         """The next query renders its messages afresh and starts a segment with `reason`."""
         self.conversation.begin_segment(reason)
 
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        """Tokens of the prompt `messages` would get rendered afresh (a context policy's sizing)."""
+        return len(self.codec.prompt_ids(*self.conversation.full_view(messages, tools)))
+
     def finish(
         self, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
     ) -> list[Trajectory]:
