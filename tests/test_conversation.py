@@ -146,3 +146,45 @@ def test_state_changes_only_on_commit_and_caller_dicts_are_copied(codec, gen) ->
     assert conv.segments[0].messages[0]["content"] == "x"
     plan = conv.plan([*msgs, a1, {"role": "user", "content": "z"}])
     assert plan.segment is None  # the changed first message no longer matches: not an extension
+
+
+# A ChatML template that, like Qwen3's, drops the reasoning of assistant turns before the last
+# user message: it is not append-only.
+STRIPS_REASONING = (
+    "{%- set ns = namespace(last=0) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- set c = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last and '</think>' in c -%}"
+    "{%- set c = c.split('</think>')[-1].lstrip() -%}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_template_that_strips_earlier_reasoning(codec, gen, follow: bool) -> None:
+    """exact (default): one segment, the model keeps seeing its reasoning, drift says where the
+    template departs. follow_template: a new `template` segment rendered as the template does."""
+    from uniagent.tokens import ChatCodec
+
+    qwenish = ChatCodec(codec.tokenizer, chat_template=STRIPS_REASONING)
+    gen.codec = qwenish
+    conv = TokenConversation(qwenish, follow_template=follow)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "2+2?"}]
+    _, a1 = turn(conv, gen, msgs, "<think>two and two</think>4")
+    msgs += [a1, {"role": "user", "content": "3+3?"}]
+    plan, a2 = turn(conv, gen, msgs, "<think>three and three</think>6")
+    msgs.append(a2)
+    segments = conv.finish()
+    if follow:
+        assert [s.reason for s in segments] == ["start", "template"]
+        assert plan.prompt_ids == qwenish.prompt_ids(msgs[:3])  # reasoning of turn 1 dropped
+        assert "two and two" not in qwenish.decode(segments[1].prompt_ids)
+    else:
+        assert [s.reason for s in segments] == ["start"]
+        assert "two and two" in qwenish.decode(segments[0].token_ids)
+        assert segments[0].drift is not None
+    assert_every_generated_token_once(segments, gen)

@@ -29,6 +29,13 @@ class ModelConfig(BaseModel):
         description="openai:URL: text (tools in the prompt, calls parsed from the text with `parser`) "
         "| native (the endpoint's `tools` and `tool_calls`)",
     )
+    history: Literal["exact", "template"] = Field(
+        "exact",
+        description="token-level models: exact (the model always sees its own tokens, appended turn "
+        "after turn; a template that would show earlier turns differently, e.g. without their "
+        "reasoning, shows up as drift) | template (then a new segment starts, rendered as the "
+        "template does: what a chat endpoint would show the model)",
+    )
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(512, ge=1, description="tokens per model turn")

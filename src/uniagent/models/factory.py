@@ -99,7 +99,14 @@ class ModelFactory:
         rid = f"{instance_id}#{sample}"
         if self.kind.fresh_request_ids:
             rid += f"#{uuid.uuid4().hex[:8]}"
-        return TokenChatModel(self.engine, self.codec, get_parser(cfg.parser), sampling, request_id=rid)
+        return TokenChatModel(
+            self.engine,
+            self.codec,
+            get_parser(cfg.parser),
+            sampling,
+            request_id=rid,
+            follow_template=cfg.history == "template",
+        )
 
     async def close(self) -> None:
         if self.engine is not None:

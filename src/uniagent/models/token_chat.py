@@ -39,8 +39,10 @@ class TokenChatModel:
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
         native_tools: bool | None = None,
+        follow_template: bool = False,
     ) -> None:
         self.engine = engine
+        self.follow_template = follow_template
         self.codec = codec
         self.parser = parser
         base = sampling or SamplingParams()
@@ -53,7 +55,7 @@ class TokenChatModel:
     def reset(self, request_id: str | None = None) -> None:
         """Forget the conversation; the next `query` starts a new record."""
         self.conversation = TokenConversation(
-            self.codec, self.sampling.stop_token_ids, self.native_tools, self._inject
+            self.codec, self.sampling.stop_token_ids, self.native_tools, self._inject, self.follow_template
         )
         self.request_id = request_id or uuid.uuid4().hex
         self._call_count = 0

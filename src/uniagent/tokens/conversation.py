@@ -10,7 +10,11 @@ the exact tokens a model saw and produced. This class is that bookkeeping, writt
   segment whose prompt is the exact tokens up to that turn, then the rest rendered as context
   (`rollback`); the old segment keeps what it generated;
 - anything else (a rewritten start, condensed history, changed tools) opens a segment rendered
-  from scratch, with the reason it began.
+  from scratch, with the reason it began;
+- with `follow_template`, a history the template would show differently from the running
+  tokens (it strips earlier reasoning, say) opens a segment rendered as the template does
+  (`template`): the model then sees what a chat endpoint would show it. Without it (the
+  default) the model keeps seeing its own tokens and the difference is reported as drift.
 
 Every generated token is in exactly one segment with mask 1; a later segment's prompt may hold
 it again, as context. Nothing generated is dropped. State changes only in `commit` (after a
@@ -82,11 +86,13 @@ class TokenConversation:
         stop_ids: Sequence[int] | None = None,
         native_tools: bool | None = None,
         inject: Inject | None = None,
+        follow_template: bool = False,
     ) -> None:
         self.codec = codec
         self.stop_ids = set(stop_ids if stop_ids is not None else codec.stop_token_ids)
         self.native_tools = codec.renders_tool_calls if native_tools is None else native_tools
         self.inject = inject
+        self.follow_template = follow_template
         self.segments: list[Segment] = []
         self._forced: str | None = None
         self._chains = 0
@@ -123,16 +129,22 @@ class TokenConversation:
         keys = messages if keys is None else keys
         if len(keys) != len(messages):
             raise ValueError(f"{len(keys)} keys for {len(messages)} messages")
-        if self._forced is None:
+        forced, chain = self._forced, self._chain_now()
+        if forced is None:
             for seg in reversed(self.segments):
                 n = len(seg.keys)
                 if seg.tools == tools and len(keys) > n and keys[:n] == seg.keys:
-                    return self._extend(seg, messages, tools, keys)
-            rolled = self._rollback(messages, tools, keys)
-            if rolled is not None:
-                return rolled
-        reason = self._forced or ("start" if not self.segments else "rewritten")
-        chain = self._chains if reason in ("start", "rewritten") else self._chain_now()
+                    plan = self._extend(seg, messages, tools, keys)
+                    if not (self.follow_template and self._template_rewrites(plan)):
+                        return plan
+                    forced, chain = "template", seg.trajectory.chain
+                    break
+            if forced is None:
+                rolled = self._rollback(messages, tools, keys)
+                if rolled is not None:
+                    return rolled
+        reason = forced or ("start" if not self.segments else "rewritten")
+        chain = self._chains if reason in ("start", "rewritten") else chain
         prompt = self.codec.prompt_ids(*self.full_view(messages, tools))
         return Plan(None, reason, chain, prompt, [], keys, messages, tools)
 
@@ -147,6 +159,13 @@ class TokenConversation:
         context.append((self._continuation(new, tools), new[0].get("role", "context")))
         prompt = seg.token_ids + [t for ids, _ in context for t in ids]
         return Plan(seg, "", seg.trajectory.chain, prompt, context, keys, messages, tools)
+
+    def _template_rewrites(self, plan: Plan) -> bool:
+        """Whether the template shows this history differently from the running tokens (it strips
+        earlier reasoning, say). Compared as text, so a sampled non-canonical split of the
+        model's own text does not count. A full render per turn: only with `follow_template`."""
+        shown, shown_tools = self.full_view(plan.messages, plan.tools)
+        return self.codec.render(shown, shown_tools) != self.codec.decode(plan.prompt_ids)
 
     def _rollback(self, messages: Messages, tools: Tools, keys: list[Any]) -> Plan | None:
         """The latest segment sharing an assistant turn with the request, cut after that turn."""
