@@ -6,28 +6,12 @@ stored segments and check it is there exactly once with mask 1 and its own logpr
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
 
-from uniagent.tokens import TokenConversation, Trajectory
-
-_ids = itertools.count(1)
-
-
-class Gen:
-    """Scripted generations with unique logprobs, remembered for the exactly-once check."""
-
-    def __init__(self, codec: Any) -> None:
-        self.codec = codec
-        self.made: list[tuple[list[int], list[float]]] = []
-
-    def __call__(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
-        ids = self.codec.encode(text) + (self.codec.eot_ids[-1:] if stop else [])
-        lps = [-next(_ids) / 1000.0 for _ in ids]
-        self.made.append((ids, lps))
-        return ids, lps
+from token_checks import Gen, assert_every_generated_token_once
+from uniagent.tokens import TokenConversation
 
 
 def turn(conv: TokenConversation, gen: Gen, messages: list[dict[str, Any]], text: str, stop: bool = True):
@@ -37,25 +21,6 @@ def turn(conv: TokenConversation, gen: Gen, messages: list[dict[str, Any]], text
     message = {"role": "assistant", "content": reply.text}
     conv.add_reply(reply, message)
     return plan, message
-
-
-def assert_every_generated_token_once(segments: list[Trajectory], gen: Gen) -> None:
-    """Each generation sits in exactly one segment with mask 1 and its logprobs; no context token
-    has mask 1."""
-    for ids, lps in gen.made:
-        found = []
-        for seg in segments:
-            for span in seg.spans:
-                if span.kind != "model":
-                    continue
-                got = seg.response_ids[span.start : span.end]
-                if got == ids and seg.response_logprobs[span.start : span.end] == lps:
-                    found.append(seg)
-        assert len(found) == 1, (ids, len(found))
-    for seg in segments:
-        seg.validate()
-        model = sum(s.length for s in seg.spans if s.kind == "model")
-        assert sum(seg.response_mask) == model
 
 
 @pytest.fixture
@@ -188,3 +153,63 @@ def test_a_template_that_strips_earlier_reasoning(codec, gen, follow: bool) -> N
         assert "two and two" in qwenish.decode(segments[0].token_ids)
         assert segments[0].drift is not None
     assert_every_generated_token_once(segments, gen)
+
+
+def _split(codec, text: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """`text` sampled one character at a time: a non-canonical split of it."""
+    return [i for ch in text for i in codec.encode(ch)] + codec.eot_ids[-1:]
+
+
+def test_a_rollback_prompt_keeps_sampled_tokens_marked_so_their_split_is_not_a_bug(codec, gen) -> None:
+    """The rollback's prompt holds the first reply's sampled ids; drift_report learns which prompt
+    tokens the model wrote, so their non-canonical split is `sampled`, not `bookkeeping`."""
+    conv = TokenConversation(codec)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "say it"}]
+    plan = conv.plan(msgs)
+    reply = conv.commit(plan, *gen.ids(_split(codec, "hello world")))
+    a1 = {"role": "assistant", "content": reply.text}
+    conv.add_reply(reply, a1)
+    assert reply.text == "hello world"
+    msgs += [a1, {"role": "user", "content": "again"}]
+    _, _a2 = turn(conv, gen, msgs, "once more")
+    msgs += [{"role": "assistant", "content": "edited"}, {"role": "user", "content": "last"}]
+    plan, _ = turn(conv, gen, msgs, "done")
+    assert plan.reason == "rollback"
+    first, second = conv.segments
+    end = first.turn_ends[1]
+    n = len(first.trajectory.prompt_ids)
+    assert second.prompt_mask[:end] == [0] * n + first.trajectory.response_mask[: end - n]
+    assert set(second.prompt_mask[end:]) == {0} and len(second.prompt_mask) == len(plan.prompt_ids)
+    segments = conv.finish()
+    assert [(s.drift is not None, s.drift_kind) for s in segments] == [(True, "sampled"), (True, "sampled")]
+    assert_every_generated_token_once(segments, gen)
+
+
+# A ChatML template that cannot render an assistant message saying "boom" (continuations never
+# render the model's own text, so the episode runs; only the full render at the end fails).
+REFUSES_BOOM = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and 'boom' in m['content'] -%}"
+    "{{ raise_exception('this template cannot render boom') }}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def test_a_history_the_template_cannot_render_keeps_its_tokens_with_drift_zero(codec, gen) -> None:
+    """One answer for the loop and the gateway: drift 0 of kind bookkeeping and the reason, never
+    an exception (which cost the record) nor None (a claim nobody checked)."""
+    from uniagent.tokens import ChatCodec
+
+    refusing = ChatCodec(codec.tokenizer, chat_template=REFUSES_BOOM)
+    gen.codec = refusing
+    conv = TokenConversation(refusing)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "make a noise"}]
+    _, a1 = turn(conv, gen, msgs, "boom")
+    msgs += [a1, {"role": "user", "content": "louder"}]
+    turn(conv, gen, msgs, "BOOM")
+    (seg,) = conv.finish()
+    assert (seg.drift, seg.drift_kind) == (0, "bookkeeping") and seg.num_turns == 2
+    assert "cannot render boom" in (conv.segments[0].drift_error or "")
+    assert_every_generated_token_once([seg], gen)

@@ -14,7 +14,7 @@ from typing import Any
 
 from uniagent.errors import UniAgentError
 from uniagent.models.base import AssistantTurn, SamplingParams, TokenEngine
-from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
+from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, call_id
 from uniagent.parsers.prompt import inject_tools
 from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
 
@@ -130,7 +130,7 @@ class TokenChatModel:
             thought, format_error = text.strip(), str(exc)
         for call in calls:
             self._call_count += 1
-            call.id = call.id or f"call_{self._call_count}"
+            call.id = call.id or call_id(self._call_count)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls and self.native_tools:
             message = {"role": "assistant", "content": thought, "tool_calls": [c.to_openai() for c in calls]}

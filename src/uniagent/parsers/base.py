@@ -23,6 +23,13 @@ class ToolSchemaError(UniAgentError):
     """A tool schema handed to a parser is unusable; this is the caller's mistake, not the model's."""
 
 
+def call_id(n: int) -> str:
+    """The id of the `n`-th tool call of a conversation (from 1) when the model wrote none: one
+    format for the ReAct loop's `TokenChatModel` and the gateway's sessions. Unique within the
+    conversation, which is all an OpenAI client needs (it pairs each tool result with its call)."""
+    return f"call_{n}"
+
+
 @dataclass
 class ToolCall:
     """One parsed call: tool name and its (schema-coerced) arguments."""

@@ -28,7 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from uniagent.errors import TemplateError
 from uniagent.tokens.codec import ChatCodec, Messages, Tools
+from uniagent.tokens.drift import DriftReport, drift_report
 from uniagent.tokens.trajectory import Trajectory
 
 Inject = Callable[[Messages, list[dict[str, Any]]], Messages]
@@ -47,6 +49,8 @@ class Segment:
     turn_ends: dict[int, int] = field(default_factory=dict)  # assistant message index -> tokens
     cut_turn: bool = False  # the last generation stopped without its end-of-turn
     ended: str | None = None  # set by the owner (e.g. "length": the context cap was reached)
+    prompt_mask: list[int] | None = None  # 1: a prompt token generated in an earlier segment
+    drift_error: str | None = None  # why the drift could not be checked (see `finish`)
 
     @property
     def token_ids(self) -> list[int]:
@@ -65,6 +69,7 @@ class Plan:
     keys: list[Any]  # the request's match keys (the very `messages` list when keys are messages)
     messages: Messages  # the whole request, as the template sees it (not copied until commit)
     tools: Tools
+    prompt_mask: list[int] | None = None  # a rollback's prompt: 1 where the model generated it
 
 
 @dataclass
@@ -185,7 +190,10 @@ class TokenConversation:
             if prefix[-1:] and prefix[-1] not in self.stop_ids:
                 prefix = prefix + self.codec.eot_ids  # that turn was cut: close it as context
             prompt = prefix + self._continuation(messages[cut + 1 :], tools)
-            return Plan(None, "rollback", seg.trajectory.chain, prompt, [], keys, messages, tools)
+            traj = seg.trajectory
+            mask = (seg.prompt_mask or [0] * len(traj.prompt_ids)) + traj.response_mask
+            mask = mask[: seg.turn_ends[cut]] + [0] * (len(prompt) - seg.turn_ends[cut])
+            return Plan(None, "rollback", traj.chain, prompt, [], keys, messages, tools, mask)
         return None
 
     def _continuation(self, new: Messages, tools: Tools) -> list[int]:
@@ -208,7 +216,7 @@ class TokenConversation:
         seg = plan.segment
         if seg is None:
             traj = Trajectory(prompt_ids=list(plan.prompt_ids), reason=plan.reason, chain=plan.chain)
-            seg = Segment(traj, plan.tools)
+            seg = Segment(traj, plan.tools, prompt_mask=plan.prompt_mask)
             if plan.reason in ("start", "rewritten"):
                 self._chains += 1
             self.segments.append(seg)
@@ -244,15 +252,26 @@ class TokenConversation:
         """Every segment, validated, with its drift against a full render of its messages.
 
         `drift(segment, messages, tools)` (the full-render view) returns (index, kind); the
-        default is `ChatCodec.drift` with no kind."""
+        default is `segment_drift`."""
         out = []
         for seg in self.segments:
             traj = seg.trajectory
             shown, shown_tools = self.full_view(seg.messages, seg.tools)
-            if drift is not None:
-                traj.drift, traj.drift_kind = drift(seg, shown, shown_tools)
-            else:
-                traj.drift = self.codec.drift(shown, traj.token_ids, shown_tools)
+            traj.drift, traj.drift_kind = (drift or self.segment_drift)(seg, shown, shown_tools)
             traj.validate()
             out.append(traj)
         return out
+
+    def segment_drift(self, seg: Segment, messages: Messages, tools: Tools) -> DriftReport:
+        """`drift_report` of a segment (a rollback's prompt marked where the model wrote it).
+
+        A history the template cannot render in full (a role order it refuses, say, while each
+        continuation rendered) gives drift 0 of kind `bookkeeping` and `seg.drift_error`, for the
+        ReAct loop and the gateway alike: raising would cost the episode its whole token record
+        although every token in it is exact as recorded, and no drift (None) would claim an
+        exactness nobody checked; 0 keeps the tokens and flags the segment for a look."""
+        try:
+            return drift_report(self.codec, messages, seg.trajectory, tools, seg.prompt_mask)
+        except TemplateError as exc:
+            seg.drift_error = str(exc)
+            return DriftReport(0, "bookkeeping")

@@ -1,0 +1,51 @@
+"""The exactly-once check for segments, shared by the TokenConversation and gateway tests.
+
+`Gen` scripts generations whose logprobs are unique to each (a global counter), and remembers
+them, so a test can find every generated token in the stored segments and check it is there
+exactly once with mask 1 and its own logprob.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from uniagent.tokens import Trajectory
+
+_ids = itertools.count(1)
+
+
+class Gen:
+    """Scripted generations with unique logprobs, remembered for the exactly-once check."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self.made: list[tuple[list[int], list[float]]] = []
+
+    def __call__(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
+        return self.ids(self.codec.encode(text) + (self.codec.eot_ids[-1:] if stop else []))
+
+    def ids(self, ids: list[int]) -> tuple[list[int], list[float]]:
+        """A generation of exactly these ids (e.g. a non-canonical split of some text)."""
+        lps = [-next(_ids) / 1000.0 for _ in ids]
+        self.made.append((ids, lps))
+        return ids, lps
+
+
+def assert_every_generated_token_once(segments: list[Trajectory], gen: Gen) -> None:
+    """Each generation sits in exactly one segment with mask 1 and its logprobs; no context token
+    has mask 1."""
+    for ids, lps in gen.made:
+        found = []
+        for seg in segments:
+            for span in seg.spans:
+                if span.kind != "model":
+                    continue
+                got = seg.response_ids[span.start : span.end]
+                if got == ids and seg.response_logprobs[span.start : span.end] == lps:
+                    found.append(seg)
+        assert len(found) == 1, (ids, len(found))
+    for seg in segments:
+        seg.validate()
+        model = sum(s.length for s in seg.spans if s.kind == "model")
+        assert sum(seg.response_mask) == model
