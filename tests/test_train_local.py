@@ -44,7 +44,7 @@ def _traj(prompt: int, parts: list[tuple[str, int]], seed: int = 0) -> Trajector
 
 def _episode(traj: Trajectory | None, reward: float | None, reason: ExitReason) -> EpisodeResult:
     value = None if reward is None else Reward(reward, reward == 1.0)
-    return EpisodeResult([], traj, reason, value)
+    return EpisodeResult([], None if traj is None else [traj], reason, value)
 
 
 # ----------------------------------------------------------------------------- verl's math
