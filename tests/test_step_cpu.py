@@ -168,3 +168,22 @@ def test_a_run_freezes_what_exists_at_its_start_out_of_the_collector(tmp_path, c
         assert not any(o is made_before for o in gc.get_objects())  # frozen: out of every generation
     finally:
         gc.unfreeze()
+
+
+async def test_replay_takes_the_replayed_record_out_of_the_prompt_pool_without_comparing(monkeypatch) -> None:
+    """The samples of one task share every prompt: request-mode replay must take exactly the
+    record it replayed out of that prompt's pool (a later prompt-mode fallback must not reuse it),
+    without comparing records field by field (that was a scan of the pool per turn)."""
+    prompt = [1, 2, 3]
+    records = [
+        ReplayRecord(f"s{i}", Generation([10 + i], [-0.1], "stop"), prompt_ids=list(prompt)) for i in range(5)
+    ]
+    engine = ReplayEngine(records, strict=False)
+    compared = []
+    monkeypatch.setattr(ReplayRecord, "__eq__", lambda a, b: compared.append(1) or a is b)
+    for i in (3, 0, 4):
+        assert (await engine.generate(prompt, SamplingParams(), f"s{i}")).token_ids == [10 + i]
+    assert [r.request_id for r in engine._by_prompt[records[0].prompt_hash]] == ["s1", "s2"]
+    # A request with nothing recorded falls back to the prompt pool: the first one not replayed yet.
+    assert (await engine.generate(prompt, SamplingParams(), "other")).token_ids == [11]
+    assert compared == []

@@ -250,9 +250,15 @@ class ReplayEngine:
         )
 
     def _discard_from_prompt_pool(self, record: ReplayRecord) -> None:
+        """Take the replayed record itself out of its prompt's queue. By identity: `in` and
+        `remove` compare records field by field (generations, prompts), and the samples of one
+        task share a prompt, so that was a scan of equal-looking records every turn."""
         queue = self._by_prompt.get(record.prompt_hash)
-        if queue and record in queue:
-            queue.remove(record)
+        if queue:
+            for i, queued in enumerate(queue):
+                if queued is record:
+                    del queue[i]
+                    break
         self._last_by_prompt[record.prompt_hash] = record
 
     @staticmethod
