@@ -1,5 +1,6 @@
-"""The training export: one record per segment of every stored episode (`segments.jsonl`, and
-`segments.parquet` on request).
+"""The training export: one record per segment of every stored episode (`segments.jsonl`, written
+with the run's other exports by `uniagent.runner.summary.export`, and `segments.parquet` on
+request).
 
 An episode whose history stopped being append-only (context condensed, a harness rewrote its
 messages) has several segments, each an exact token sequence of its own. A trainer takes each
@@ -11,7 +12,6 @@ exactly one segment with mask 1; a segment's prompt may repeat earlier replies a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,15 +55,6 @@ def segment_records(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def all_segment_records(store: RunStore) -> Iterator[dict[str, Any]]:
     for row in store.rows(full=True):
         yield from segment_records(row)
-
-
-def write_segments_jsonl(store: RunStore, out: Path) -> int:
-    """`out/segments.jsonl`, written atomically; the number of segments."""
-    lines = [json.dumps(r, ensure_ascii=False) for r in all_segment_records(store)]
-    tmp = out / (SEGMENTS_JSONL + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    tmp.replace(out / SEGMENTS_JSONL)
-    return len(lines)
 
 
 def write_segments_parquet(store: RunStore, out: Path) -> int:
