@@ -187,3 +187,35 @@ async def test_replay_takes_the_replayed_record_out_of_the_prompt_pool_without_c
     # A request with nothing recorded falls back to the prompt pool: the first one not replayed yet.
     assert (await engine.generate(prompt, SamplingParams(), "other")).token_ids == [11]
     assert compared == []
+
+
+def test_tool_schemas_are_built_once_per_args_model_and_handed_out_as_copies(monkeypatch) -> None:
+    """Every episode asks its tools for their specs: the JSON schema is built from `Args` once per
+    model (pydantic builds it anew on each call), and every caller gets the same schema as a
+    copy of its own."""
+    import weakref
+
+    from pydantic import BaseModel
+
+    from uniagent.tools import base, build_tools
+
+    names = ["bash", "str_replace_editor", "submit"]
+    monkeypatch.setattr(base, "_schemas", weakref.WeakKeyDictionary(), raising=False)
+    first = [t.spec() for t in build_tools(names)]
+    built: list[type] = []
+    original = BaseModel.model_json_schema.__func__  # type: ignore[attr-defined]
+
+    def counted(cls, *args, **kwargs):
+        built.append(cls)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(BaseModel, "model_json_schema", classmethod(counted))
+    for _ in range(20):  # twenty episodes
+        specs = [t.spec() for t in build_tools(names)]
+        assert specs == first
+    assert built == []
+    specs[1]["function"]["parameters"]["properties"].clear()
+    assert [t.spec() for t in build_tools(names)] == first
+    monkeypatch.setattr(base, "_schemas", weakref.WeakKeyDictionary(), raising=False)
+    assert [t.spec() for t in build_tools(names)] == first
+    assert len(built) == len(names)
