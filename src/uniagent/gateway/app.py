@@ -3,7 +3,7 @@
 - `POST /sessions` creates a session (trusted sampling, context cap, tool-call format);
 - `POST /sessions/{id}/v1/chat/completions` is an OpenAI-compatible endpoint (tools, streaming),
   so any harness can use `base_url=<gateway>/sessions/{id}/v1`;
-- `GET /sessions/{id}/trajectories` returns one `Trajectory.to_dict()` per chain, drift included,
+- `GET /sessions/{id}/trajectories` returns one `Trajectory.to_dict()` per segment, drift included,
   redacted: a secret's tokens replaced (`secret_redacted: true`, see `uniagent.redact`);
 - `POST /sessions/{id}/finalize` (with a reward) and `POST /sessions/{id}/abort` end a session.
 
@@ -296,8 +296,16 @@ class Gateway:
         )
 
     async def _generate(self, session: Session, plan: Plan, on_token=None) -> Generation:
-        if on_token is not None:
-            coro = self.engine.generate(plan.prompt_ids, plan.sampling, session.request_id, on_token=on_token)
+        seen = 0  # tokens a streaming engine reported: counted as dropped if the request goes away
+
+        def count(token: int, logprob: float) -> None:
+            nonlocal seen
+            seen += 1
+            if on_token is not None:
+                on_token(token, logprob)
+
+        if self.streaming:
+            coro = self.engine.generate(plan.prompt_ids, plan.sampling, session.request_id, on_token=count)
         else:
             coro = self.engine.generate(plan.prompt_ids, plan.sampling, session.request_id)
         task = asyncio.ensure_future(coro)
@@ -305,6 +313,7 @@ class Gateway:
         try:
             return await task
         except asyncio.CancelledError:
+            session.dropped(seen)
             current = asyncio.current_task()
             if task.cancelled() and not (current and current.cancelling()):
                 raise GatewayError(

@@ -449,7 +449,7 @@ async def _run_mini(
 def _exit_reason(
     error: BaseException | None, status: str, session: Session, sb: Sandbox
 ) -> tuple[ExitReason, str | None]:
-    context_full = session.context_full or any(c.ended for c in session.chains)
+    context_full = session.context_full or any(s.ended for s in session.segments)
     if error is None:
         reason = MINI_EXITS.get(status, ExitReason.INTERNAL_ERROR)
         if reason == ExitReason.FORMAT_ERRORS and context_full:
@@ -471,10 +471,13 @@ def _exit_reason(
 
 
 async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
-    """Every chain is a segment of the episode's record: nothing generated is dropped."""
-    result.metrics["chains"] = len(session.chains)
+    """Every segment of the session (each with its chain and reason) is in the episode's record;
+    tokens the engine generated that no segment holds are counted as untrainable."""
+    result.metrics["chains"] = session.chains
     result.metrics["turns"] = session.requests
-    if not session.chains:
+    result.metrics["untrainable_tokens"] = session.dropped_tokens
+    result.metrics["dropped_generations"] = session.dropped_generations
+    if not session.segments:
         return
     try:
         async with session.lock:
@@ -484,11 +487,10 @@ async def _attach_trajectory(session: Session, result: EpisodeResult) -> None:
         result.metrics["trajectory_error"] = str(exc)
         return
     traj = trajs[-1]
-    for i, t in enumerate(trajs):
-        t.chain, t.reason = i, ("start" if i == 0 else "rewritten")
     result.segments = trajs
     result.metrics["drift"] = traj.drift
-    result.metrics["chain_drifts"] = [t.drift for t in trajs]
+    result.metrics["segments"] = len(trajs)
+    result.metrics["segment_drifts"] = [t.drift for t in trajs]
     result.metrics["prompt_tokens"] = max(len(t.prompt_ids) for t in trajs)
     result.metrics["completion_tokens"] = sum(t.num_model_tokens for t in trajs)
 

@@ -1,34 +1,39 @@
 """Gateway sessions: the exact token stream behind an OpenAI-style conversation.
 
-A black-box harness sends its whole conversation on every request. The session keeps, per
-*chain*, the token record (a `Trajectory`) and the messages it stands for. A request whose
-messages extend a chain's history (same tools, the previous messages unchanged, at least one
-new message) appends only the new messages' tokens through `ChatCodec.continuation_ids`; the
-model's own tokens are never re-tokenized. A request that rewrites history (or changes the
-tools) starts a new chain rendered from scratch, so every chain stays token-exact.
+A black-box harness sends its whole conversation on every request. A session keeps that
+conversation's token record in one `TokenConversation` (uniagent.tokens), the same bookkeeping
+`TokenChatModel` uses: a request that extends a segment appends only the new messages' tokens; a
+request that rewrites history after an assistant turn the session holds rolls back to the exact
+tokens up to that turn (`rollback`); anything else starts a segment rendered afresh, in a new
+chain (`rewritten`). Every generated token stays in exactly one segment with mask 1.
+
+What stays here is the gateway's side: cleaning the client's messages, the match keys that say
+whether a message is the same one (whitespace-insensitive), the template's view of client
+messages, trusted sampling, the context cap and the counters of tokens the engine generated that
+no segment holds (a request that went away mid-generation).
 
 State changes only when a generation succeeds (`plan` then `commit`), so a client that drops
-a request mid-generation leaves its chain as it was.
+a request mid-generation leaves the record as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.errors import UniAgentError
 from uniagent.models.base import Generation, SamplingParams
-from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
+from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, call_id
 from uniagent.parsers.prompt import inject_tools
 from uniagent.parsers.registry import get_parser
-from uniagent.tokens import ChatCodec, Trajectory
+from uniagent.tokens import ChatCodec, Segment, TokenConversation, Trajectory
+from uniagent.tokens import Plan as Step
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
 
@@ -57,7 +62,7 @@ class SessionConfig(BaseModel):
         description=f"sampling fields the client may set per request ({', '.join(SAMPLING_FIELDS)})",
     )
     max_context_tokens: int | None = Field(
-        None, ge=2, description="tokens per chain (prompt + response); reaching it ends the chain"
+        None, ge=2, description="tokens per segment (prompt + response); reaching it ends the segment"
     )
     parser: str | None = Field(None, description="tool-call format the model writes (default: server's)")
     request_id: str | None = Field(None, description="engine routing id (default: the session id)")
@@ -146,40 +151,24 @@ def match_key(message: dict[str, Any]) -> tuple[Any, ...]:
     return (message["role"], message["content"].strip(), calls, message.get("tool_call_id", ""))
 
 
-def tools_key(tools: list[dict[str, Any]] | None) -> str:
-    return json.dumps(tools or [], sort_keys=True)
-
-
-# -- chains and sessions -----------------------------------------------------------------
-
-
-@dataclass
-class Chain:
-    """One append-only conversation and its exact tokens."""
-
-    index: int
-    trajectory: Trajectory
-    tools: list[dict[str, Any]] | None
-    keys: list[tuple[Any, ...]] = field(default_factory=list)  # match keys of the client's view
-    client_messages: list[dict[str, Any]] = field(default_factory=list)
-    template_messages: list[dict[str, Any]] = field(default_factory=list)
-    cut_turn: bool = False
-    ended: str | None = None  # "length" once the context cap is reached
-    requests: int = 0
+# -- sessions ------------------------------------------------------------------------------
 
 
 @dataclass
 class Plan:
     """A request turned into a prompt; applied to the session only if generation succeeds."""
 
-    chain: Chain | None  # None: a new chain
-    prompt_ids: list[int]
-    context: list[tuple[list[int], str]]  # (ids, role) to append to an existing chain first
-    messages: list[dict[str, Any]]  # the whole cleaned request
-    template_new: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
+    step: Step  # where the request goes in the conversation (extend, roll back, or a new segment)
     sampling: SamplingParams
     capped: bool  # max_tokens was lowered to fit the context cap
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.step.prompt_ids
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self.step.tools
 
 
 @dataclass
@@ -197,7 +186,7 @@ class Turn:
 
 
 class Session:
-    """One harness episode: its chains, trusted sampling and lifecycle."""
+    """One harness episode: its token conversation, trusted sampling and lifecycle."""
 
     def __init__(
         self,
@@ -217,7 +206,7 @@ class Session:
         self.sampling = config.sampling.model_copy(update={"stop_token_ids": stops})
         caps = [c for c in (config.max_context_tokens, model_max_len) if c]
         self.max_context = min(caps) if caps else None
-        self.chains: list[Chain] = []
+        self.conversation = TokenConversation(codec, stops, self.native_tools, self._inject)
         self.lock = asyncio.Lock()
         self.created = time.time()
         self.last_active = time.monotonic()
@@ -227,9 +216,20 @@ class Session:
         self.requests = 0
         self.context_full = False  # a request hit the context cap
         self.inflight: set[asyncio.Task[Any]] = set()
+        self.dropped_generations = 0  # generations that went away before they were recorded
+        self.dropped_tokens = 0  # their tokens the engine reported (streamed) before that
         self._call_count = 0
 
     # -- views -------------------------------------------------------------------------
+    @property
+    def segments(self) -> list[Segment]:
+        return self.conversation.segments
+
+    @property
+    def chains(self) -> int:
+        """How many linear conversations the harness held in this session."""
+        return len({s.trajectory.chain for s in self.segments})
+
     def touch(self) -> None:
         self.last_active = time.monotonic()
 
@@ -239,16 +239,12 @@ class Session:
         if self.state != "open":  # 404: clients (litellm, openai) stop instead of retrying
             raise GatewayError(f"session {self.id!r} is {self.state}", 404, "session_closed")
 
-    def _native(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        return tools if (tools and self.native_tools) else None
-
-    def _for_template(self, messages: list[dict[str, Any]], tools) -> list[dict[str, Any]]:
-        if tools and not self.native_tools:
-            return inject_tools(messages, tools, self.parser)
-        return messages
+    def _inject(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return inject_tools(messages, tools, self.parser)
 
     def _template_view(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A client message as the template should see it (calls as text when not native)."""
+        """A client message as the template should see it (calls as text when not native). The
+        conversation copies what it keeps, so an unchanged message is passed as it is."""
         if message["role"] == "assistant" and message.get("tool_calls") and not self.native_tools:
             calls = [
                 self.parser.render_call(ToolCall(c["function"]["name"], c["function"]["arguments"] or {}))
@@ -256,7 +252,7 @@ class Session:
             ]
             text = "\n".join(p for p in [message["content"].strip(), *calls] if p)
             return {"role": "assistant", "content": text}
-        return copy.deepcopy(message)
+        return message
 
     # -- requests ----------------------------------------------------------------------
     def sampling_for(self, request: dict[str, Any]) -> SamplingParams:
@@ -276,48 +272,31 @@ class Session:
     def plan(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: SamplingParams
     ) -> Plan:
-        """Find the chain this request extends (or none) and the prompt ids to generate from."""
+        """Where this request goes (extend, roll back or a new segment) and its prompt ids."""
         keys = [match_key(m) for m in messages]
-        tkey = tools_key(tools)
-        for chain in reversed(self.chains):
-            n = len(chain.keys)
-            if tools_key(chain.tools) != tkey or len(keys) <= n or keys[:n] != chain.keys:
-                continue
-            if chain.ended:
-                self.context_full = True
-                raise GatewayError(
-                    f"This model's maximum context length is {self.max_context} tokens; this conversation "
-                    "reached it and has ended (context_length_exceeded).",
-                    400,
-                    "context_length_exceeded",
-                )
-            new = messages[n:]
-            template_new = [self._template_view(m) for m in new]
-            context: list[tuple[list[int], str]] = []
-            if chain.cut_turn:  # the last turn stopped without its end-of-turn: close it as context
-                context.append((self.codec.eot_ids, "assistant"))
-            context.append((self.codec.continuation_ids(template_new, self._native(tools)), new[0]["role"]))
-            prompt = chain.trajectory.token_ids + [t for ids, _ in context for t in ids]
-            sampling, capped = self._fit(prompt, sampling, chain)
-            return Plan(chain, prompt, context, messages, template_new, tools, sampling, capped)
-        template = [self._template_view(m) for m in messages]
-        prompt = self.codec.prompt_ids(self._for_template(template, tools), self._native(tools))
-        sampling, capped = self._fit(prompt, sampling, None)
-        return Plan(None, prompt, [], messages, template, tools, sampling, capped)
+        step = self.conversation.plan([self._template_view(m) for m in messages], tools, keys)
+        if step.segment is not None and step.segment.ended:
+            self.context_full = True
+            raise GatewayError(
+                f"This model's maximum context length is {self.max_context} tokens; this conversation "
+                "reached it and has ended (context_length_exceeded).",
+                400,
+                "context_length_exceeded",
+            )
+        sampling, capped = self._fit(step, sampling)
+        return Plan(step, sampling, capped)
 
-    def _fit(
-        self, prompt: list[int], sampling: SamplingParams, chain: Chain | None
-    ) -> tuple[SamplingParams, bool]:
+    def _fit(self, step: Step, sampling: SamplingParams) -> tuple[SamplingParams, bool]:
         if self.max_context is None:
             return sampling, False
-        room = self.max_context - len(prompt)
+        room = self.max_context - len(step.prompt_ids)
         if room < 1:
-            if chain is not None:
-                chain.ended = "length"
+            if step.segment is not None:
+                step.segment.ended = "length"
             self.context_full = True
             raise GatewayError(
                 f"This model's maximum context length is {self.max_context} tokens. However, your messages "
-                f"resulted in {len(prompt)} tokens (context_length_exceeded).",
+                f"resulted in {len(step.prompt_ids)} tokens (context_length_exceeded).",
                 400,
                 "context_length_exceeded",
             )
@@ -326,22 +305,11 @@ class Session:
         return sampling, False
 
     def commit(self, plan: Plan, generation: Generation) -> Turn:
-        """Record a successful generation in its chain; build the assistant turn."""
-        chain = plan.chain
-        if chain is None:
-            chain = Chain(len(self.chains), Trajectory(prompt_ids=list(plan.prompt_ids)), plan.tools)
-            chain.template_messages = list(plan.template_new)
-            self.chains.append(chain)
-        else:
-            for ids, role in plan.context:
-                chain.trajectory.add_context(ids, role=role)
-            chain.template_messages.extend(plan.template_new)
-        chain.trajectory.add_generation(generation.token_ids, generation.logprobs, generation.finish_reason)
-        chain.requests += 1
-        stops = set(plan.sampling.stop_token_ids)
-        ended = bool(generation.token_ids) and generation.token_ids[-1] in stops
-        chain.cut_turn = not ended
-        text = self.codec.decode(generation.token_ids[:-1] if ended else generation.token_ids)
+        """Record a successful generation in the conversation; build the assistant turn."""
+        reply = self.conversation.commit(
+            plan.step, generation.token_ids, generation.logprobs, generation.finish_reason
+        )
+        text = reply.text
         calls: list[ToolCall] = []
         format_error = None
         try:
@@ -353,50 +321,59 @@ class Session:
             calls, content = parsed.calls, parsed.thought
             for call in calls:
                 self._call_count += 1
-                call.id = call.id or f"call_{self.id[:12]}_{self._call_count}"
+                call.id = call.id or call_id(self._call_count)
         finish = "tool_calls" if calls else ("length" if generation.finish_reason == "length" else "stop")
         if generation.finish_reason == "length" and plan.capped:
-            chain.ended = "length"
+            reply.segment.ended = "length"
             finish = "length"
         client_msg: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             client_msg["tool_calls"] = [c.to_openai() for c in calls]
-        clean = clean_message(client_msg, len(plan.messages))
-        chain.client_messages = [*plan.messages, clean]
-        chain.keys = [match_key(m) for m in chain.client_messages]
+        key = match_key(clean_message(client_msg, len(plan.step.messages)))
         if calls and self.native_tools:
-            chain.template_messages.append(
-                {"role": "assistant", "content": content, "tool_calls": client_msg["tool_calls"]}
-            )
+            template = {"role": "assistant", "content": content, "tool_calls": client_msg["tool_calls"]}
         else:
-            chain.template_messages.append({"role": "assistant", "content": text})
+            template = {"role": "assistant", "content": text}
+        self.conversation.add_reply(reply, template, key)
         self.requests += 1
-        return Turn(text, content, calls, format_error, finish, generation, len(plan.prompt_ids), chain.index)
+        chain = reply.segment.trajectory.chain
+        return Turn(text, content, calls, format_error, finish, generation, reply.prompt_tokens, chain)
+
+    def dropped(self, tokens: int) -> None:
+        """A generation went away before it was recorded (its client left, the session closed):
+        the `tokens` the engine had reported are in no segment, so nothing trains on them."""
+        self.dropped_generations += 1
+        self.dropped_tokens += tokens
 
     # -- results -----------------------------------------------------------------------
     def trajectories(self) -> list[Trajectory]:
-        """Each chain's trajectory with its drift against a full render of its messages."""
-        out = []
-        for chain in self.chains:
-            traj = chain.trajectory
-            rendered = self._for_template(chain.template_messages, chain.tools)
-            try:
-                traj.drift = self.codec.drift(rendered, traj.token_ids, self._native(chain.tools))
-            except UniAgentError:
-                traj.drift = 0  # the history cannot be rendered in full: no claim of exactness
-            traj.validate()
-            out.append(traj)
-        return out
+        """Every segment, with its drift against a full render of its messages
+        (`TokenConversation.finish`: the same drift, and the same answer for a history the
+        template cannot render, as the ReAct loop's `TokenChatModel`)."""
+        return self.conversation.finish()
 
     def summary(self) -> dict[str, Any]:
+        trainable = self.conversation.generated_tokens
         return {
             "session_id": self.id,
             "state": self.state,
-            "chains": len(self.chains),
+            "chains": self.chains,
             "requests": self.requests,
             "reward": self.reward,
-            "tokens": [len(c.trajectory) for c in self.chains],
-            "ended": [c.ended for c in self.chains],
+            "segments": [
+                {
+                    "chain": s.trajectory.chain,
+                    "reason": s.trajectory.reason,
+                    "tokens": len(s.trajectory),
+                    "model_tokens": s.trajectory.num_model_tokens,
+                    "turns": s.trajectory.num_turns,
+                    "ended": s.ended,
+                }
+                for s in self.segments
+            ],
+            "generated_tokens": trainable + self.dropped_tokens,
+            "untrainable_tokens": self.dropped_tokens,
+            "dropped_generations": self.dropped_generations,
             "metadata": self.config.metadata,
         }
 

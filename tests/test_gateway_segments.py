@@ -1,0 +1,267 @@
+"""Rewritten histories through the gateway (issue 15, part 5): every generated token is kept.
+
+A real gateway (uvicorn on loopback) driven by the real `openai` SDK, over the real ReplayEngine
+scripted with generations whose logprobs are unique to each (`token_checks.Gen`), and the real
+SmolLM2 codec. Each test sends the histories a harness might send — it drops a reply, rewrites
+its last assistant message, rewrites an old tool result, condenses, strips earlier reasoning —
+and checks the stored segments: every generated token in exactly one segment with mask 1 and its
+engine logprob, no context token with mask 1. The dropped-generation counter uses the real
+SmolLM2 LocalEngine, which streams and can be cancelled mid-generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from token_checks import Gen, assert_every_generated_token_once
+from uniagent.agent.result import EpisodeResult, ExitReason
+from uniagent.gateway import Gateway
+from uniagent.gateway.harness import _attach_trajectory
+from uniagent.gateway.server import GatewayServer
+from uniagent.models.base import Generation
+from uniagent.models.replay import ReplayEngine, ReplayRecord
+from uniagent.tokens import ChatCodec, Trajectory
+
+SYSTEM = {"role": "system", "content": "You are an agent."}
+TASK = {"role": "user", "content": "Fix the bug in calc.py."}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+def bash(command: str) -> str:
+    return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
+
+
+class Harness:
+    """One gateway session whose engine answers with `texts` in order, each a unique generation."""
+
+    def __init__(self, server: GatewayServer, sid: str, gen: Gen) -> None:
+        self.server, self.sid, self.gen = server, sid, gen
+        self.client = AsyncOpenAI(base_url=server.session_url(sid), api_key="unused", max_retries=0)
+
+    async def send(self, messages: list[dict[str, Any]], tools: bool = False) -> dict[str, Any]:
+        """The reply, as the client would put it back into its history."""
+        extra = {"tools": [BASH]} if tools else {}
+        resp = await self.client.chat.completions.create(model="m", messages=messages, **extra)
+        return resp.choices[0].message.model_dump(exclude_none=True)
+
+    async def get(self, path: str = "") -> Any:
+        async with httpx.AsyncClient(base_url=self.server.url) as http:
+            r = await http.get(f"/sessions/{self.sid}{path}")
+            assert r.status_code == 200, r.text
+            return r.json()
+
+    async def segments(self) -> list[Trajectory]:
+        segments = [Trajectory.from_dict(t) for t in await self.get("/trajectories")]
+        assert_every_generated_token_once(segments, self.gen)
+        summary = await self.get()
+        assert summary["generated_tokens"] == sum(s.num_model_tokens for s in segments)
+        assert summary["untrainable_tokens"] == 0 and summary["dropped_generations"] == 0
+        assert [(s["chain"], s["reason"]) for s in summary["segments"]] == [
+            (s.chain, s.reason) for s in segments
+        ]
+        return segments
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def harness(codec: ChatCodec) -> AsyncIterator[Any]:
+    servers: list[GatewayServer] = []
+
+    async def start(texts: list[str], gateway_codec: ChatCodec | None = None) -> Harness:
+        gen = Gen(codec)
+        records = [
+            ReplayRecord("h", Generation(*gen(text), "stop"), i, None, "0" * 64)
+            for i, text in enumerate(texts)
+        ]
+        engine = ReplayEngine(records, match="request", strict=False)
+        server = await GatewayServer(Gateway(engine, gateway_codec or codec)).start()
+        servers.append(server)
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            r = await http.post("/sessions", json={"request_id": "h"})
+            assert r.status_code == 201, r.text
+        return Harness(server, r.json()["session_id"], gen)
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+def first_turn_end(seg: Trajectory) -> int:
+    """Tokens of `seg` up to the end of its first model turn."""
+    span = next(s for s in seg.spans if s.kind == "model")
+    return len(seg.prompt_ids) + span.end
+
+
+async def test_rewriting_the_last_assistant_rolls_back_to_the_exact_tokens(harness, codec) -> None:
+    h = await harness(["I will read calc.py.", "It subtracts.", "It subtracts instead of adding.", "Fixed."])
+    history = [SYSTEM, TASK]
+    a1 = await h.send(history)
+    history += [a1, {"role": "user", "content": "What did you find?"}]
+    await h.send(history)
+    # The harness rewrites its last assistant message (a2), then goes on.
+    edited = {"role": "assistant", "content": "It subtracts (edited by the harness)."}
+    history += [edited, {"role": "user", "content": "Go on."}]
+    a3 = await h.send(history)
+    history += [a3, {"role": "user", "content": "Finish."}]
+    await h.send(history)  # extends the rollback segment
+
+    first, second = await h.segments()
+    assert (first.reason, first.chain, first.num_turns) == ("start", 0, 2)
+    assert (second.reason, second.chain, second.num_turns) == ("rollback", 0, 2)
+    cut = first_turn_end(first)
+    # The new segment's prompt starts with the old segment's exact tokens (a1 as sampled) ...
+    assert second.prompt_ids[:cut] == first.token_ids[:cut]
+    # ... then the rest of the history as context: the rewritten a2 and the next user message.
+    assert second.prompt_ids[cut:] == codec.continuation_ids(history[3:6])
+    assert all(s.drift is None for s in (first, second))
+    assert (await h.get())["chains"] == 1
+
+
+async def test_a_dropped_reply_rolls_back_after_the_last_kept_turn(harness, codec) -> None:
+    # mini-swe-agent drops a reply it cannot parse and sends a format error instead.
+    h = await harness([bash("ls"), "no tool call here", bash("cat calc.py")])
+    history = [SYSTEM, TASK]
+    a1 = await h.send(history, tools=True)
+    assert a1["tool_calls"][0]["id"] == "call_1"  # one call-id format (parsers.call_id)
+    history += [a1, {"role": "tool", "tool_call_id": "call_1", "content": "calc.py"}]
+    await h.send(history, tools=True)
+    history += [{"role": "user", "content": "Format error: call exactly one tool."}]
+    a3 = await h.send(history, tools=True)
+    assert a3["tool_calls"][0]["id"] == "call_2"
+
+    first, second = await h.segments()
+    assert [(s.reason, s.chain, s.num_turns) for s in (first, second)] == [
+        ("start", 0, 2),
+        ("rollback", 0, 1),
+    ]
+    cut = first_turn_end(first)
+    assert second.prompt_ids[:cut] == first.token_ids[:cut]
+    assert "no tool call here" not in codec.decode(second.token_ids)  # dropped by the harness ...
+    assert "no tool call here" in codec.decode(first.response_ids)  # ... kept where it was generated
+
+
+async def test_a_rewritten_old_tool_result_rolls_back_before_it(harness, codec) -> None:
+    h = await harness([bash("cat calc.py"), bash("sed -i s/-/+/ calc.py"), "Done."])
+    history = [SYSTEM, TASK]
+    a1 = await h.send(history, tools=True)
+    history += [
+        a1,
+        {"role": "tool", "tool_call_id": "call_1", "content": "def add(a, b):\n    return a - b\n"},
+    ]
+    a2 = await h.send(history, tools=True)
+    # The harness shortens the old tool result (observation truncation), keeps a2, adds its result.
+    history[3] = {"role": "tool", "tool_call_id": "call_1", "content": "[output truncated]"}
+    history += [a2, {"role": "tool", "tool_call_id": "call_2", "content": ""}]
+    await h.send(history, tools=True)
+
+    first, second = await h.segments()
+    assert [(s.reason, s.num_turns) for s in (first, second)] == [("start", 2), ("rollback", 1)]
+    cut = first_turn_end(first)
+    assert second.prompt_ids[:cut] == first.token_ids[:cut]
+    context = codec.decode(second.prompt_ids[cut:])
+    assert "[output truncated]" in context and "sed -i" in context  # a2 is context here (mask 0)
+    assert "return a - b" not in codec.decode(second.token_ids)
+
+
+async def test_a_condensed_history_starts_a_new_chain_and_the_old_one_is_kept(harness, codec) -> None:
+    h = await harness(["Reading.", "Found it.", "Fixing it now.", "Done."])
+    history = [SYSTEM, TASK]
+    for follow_up in ("Go on.", "Go on."):
+        history += [await h.send(history), {"role": "user", "content": follow_up}]
+    # The harness condenses: a summary replaces the old turns.
+    condensed = [SYSTEM, {"role": "user", "content": "Summary: you found the bug in calc.py. Fix it."}]
+    a3 = await h.send(condensed)
+    await h.send([*condensed, a3, {"role": "user", "content": "Finish."}])
+
+    first, second = await h.segments()
+    assert [(s.reason, s.chain, s.num_turns) for s in (first, second)] == [
+        ("start", 0, 2),
+        ("rewritten", 1, 2),
+    ]
+    assert second.prompt_ids == codec.prompt_ids(condensed)
+    assert (await h.get())["chains"] == 2
+
+
+async def test_stripped_reasoning_keeps_every_reply_with_its_thinking(harness, codec) -> None:
+    replies = [f"<think>step {i}: I should look closer</think>Answer {i}." for i in range(3)]
+    h = await harness(replies)
+    history = [SYSTEM, TASK]
+    for i in range(3):
+        reply = await h.send(history)
+        assert reply["content"] == replies[i]
+        # Qwen3-style: the harness sends earlier assistant turns with their reasoning removed.
+        history += [{"role": "assistant", "content": f"Answer {i}."}, {"role": "user", "content": "Next."}]
+
+    segments = await h.segments()
+    assert [s.reason for s in segments] == ["start", "rewritten", "rewritten"]
+    assert [s.num_turns for s in segments] == [1, 1, 1]
+    for i, seg in enumerate(segments):  # each reply trains with its thinking, as generated
+        assert f"step {i}" in codec.decode(seg.response_ids)
+        assert "step" not in codec.decode(seg.prompt_ids)  # the harness's view: no earlier thinking
+
+
+REFUSES_BOOM = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and 'boom' in m['content'] -%}"
+    "{{ raise_exception('this template cannot render boom') }}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+async def test_a_history_the_template_cannot_render_is_kept_with_drift_zero(harness, codec) -> None:
+    """The same answer as the ReAct loop's (TokenConversation.finish): drift 0, kind bookkeeping."""
+    h = await harness(["boom", "BOOM"], ChatCodec(codec.tokenizer, chat_template=REFUSES_BOOM))
+    history = [TASK]
+    history += [await h.send(history), {"role": "user", "content": "louder"}]
+    await h.send(history)
+    (seg,) = await h.segments()
+    assert (seg.drift, seg.drift_kind, seg.num_turns) == (0, "bookkeeping", 2)
+
+
+async def test_a_generation_whose_client_went_away_is_counted_as_untrainable(smol_engine, codec) -> None:
+    server = await GatewayServer(Gateway(smol_engine, codec)).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            r = await http.post("/sessions", json={"sampling": {"temperature": 0, "max_tokens": 200}})
+            sid = r.json()["session_id"]
+            body = {"messages": [TASK], "stream": True}
+            async with http.stream("POST", f"/sessions/{sid}/v1/chat/completions", json=body) as resp:
+                chunks = 0
+                async for line in resp.aiter_lines():
+                    chunks += line.startswith("data:")
+                    if chunks >= 2:  # the role chunk, then the first token's
+                        break  # the client goes away mid-generation
+            for _ in range(200):
+                summary = (await http.get(f"/sessions/{sid}")).json()
+                if summary["dropped_generations"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert summary["dropped_generations"] == 1 and 1 <= summary["untrainable_tokens"] < 200
+            assert summary["segments"] == [] and summary["generated_tokens"] == summary["untrainable_tokens"]
+            # The harness episode's metrics carry the counter.
+            session = server.gateway.sessions.get(sid)
+            result = EpisodeResult([], None, ExitReason.CANCELLED, None, {})
+            await _attach_trajectory(session, result)
+            assert result.metrics["untrainable_tokens"] == summary["untrainable_tokens"]
+            assert result.metrics["dropped_generations"] == 1 and result.segments == []
+    finally:
+        await server.stop()
