@@ -335,12 +335,28 @@ async def test_a_slow_bubblewrap_start_is_waited_for(tmp_path: Path, monkeypatch
     `sandbox_dead` that way in the kill -9 / --resume bench)."""
     from uniagent.sandbox import local
 
-    real = local.procs.children
-    hidden_until = time.monotonic() + 1.6  # init "appears" only after 1.6 s
-
-    def slow_children(pid: int) -> list[int]:
-        return [] if time.monotonic() < hidden_until else real(pid)
-
-    monkeypatch.setattr(local.procs, "children", slow_children)
+    sh, flag, script, name = local.INIT_ARGV
+    monkeypatch.setattr(local, "INIT_ARGV", (sh, flag, f"sleep 1.6; {script}", name))  # built after 1.6 s
     async with sandbox.create({"workspace": str(tmp_path), "start_retries": 0}) as sb:
         assert (await sb.exec("echo ok", timeout=10)).output == "ok\n"
+
+
+async def test_start_waits_for_init_by_its_ready_line_not_by_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start learns that the sandbox is built from a line its init prints, not by polling
+    /proc on the event loop (dozens of reads per start, every start); a bwrap that fails still
+    says why."""
+    from uniagent.sandbox import local
+
+    calls: list[int] = []
+    real = local.procs.children
+    monkeypatch.setattr(local.procs, "children", lambda pid: calls.append(pid) or real(pid))
+    sh, flag, script, name = local.INIT_ARGV
+    monkeypatch.setattr(local, "INIT_ARGV", (sh, flag, f"sleep 0.5; {script}", name))
+    async with sandbox.create({"workspace": str(tmp_path / "ws"), "start_retries": 0}) as sb:
+        assert (await sb.exec("echo ok", timeout=10)).output == "ok\n"
+        assert calls.count(sb._proc.pid) == 1
+    monkeypatch.setattr(local, "bwrap_args", lambda *a: ["--no-such-option"])
+    with pytest.raises(SandboxStartError, match=r"bubblewrap did not start: .*no-such-option"):
+        await sandbox.create({"workspace": str(tmp_path / "ws2"), "start_retries": 0}).start()

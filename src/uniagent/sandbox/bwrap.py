@@ -27,13 +27,15 @@ SANDBOX_NICE = 19
 too), so the controller (one event loop serving every episode) is not starved by the sandboxes'
 own work: at 1,000 episodes on 2 cores, with dozens of test runs runnable, each session in an
 autogroup of its own, the loop got a few percent of a core and lagged by seconds."""
-INIT_ARGV = ("sh", "-c", "read -r _; exit 0", "uniagent-init")
-"""What bwrap's init runs: it waits on a pipe whose only write end this process holds, and
-exits at EOF, i.e. when this process closes it (stop) or dies. bwrap's init arms its
-parent-death signal only after the whole sandbox is set up, so a bwrap killed in that window
-(a start cancelled or timed out, the controller killed with -9) used to leave its init and a
-`sleep infinity` running forever, reparented to the host's init. Now the command ends at
-EOF, init has no child left and exits, and the PID namespace goes with it."""
+INIT_READY = b"uniagent-sandbox-ready"
+INIT_ARGV = ("sh", "-c", f"echo {INIT_READY.decode()}; read -r _; exit 0", "uniagent-init")
+"""What bwrap's init runs: it says it is ready on its stdout (the sandbox is built: the start
+waits for that line instead of polling /proc), then waits on a pipe whose only write end this
+process holds, and exits at EOF, i.e. when this process closes it (stop) or dies. bwrap's
+init arms its parent-death signal only after the whole sandbox is set up, so a bwrap killed in
+that window (a start cancelled or timed out, the controller killed with -9) used to leave its
+init and a `sleep infinity` running forever, reparented to the host's init. Now the command
+ends at EOF, init has no child left and exits, and the PID namespace goes with it."""
 
 
 def python_prefixes() -> list[str]:
