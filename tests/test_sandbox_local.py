@@ -360,3 +360,34 @@ async def test_start_waits_for_init_by_its_ready_line_not_by_polling(
     monkeypatch.setattr(local, "bwrap_args", lambda *a: ["--no-such-option"])
     with pytest.raises(SandboxStartError, match=r"bubblewrap did not start: .*no-such-option"):
         await sandbox.create({"workspace": str(tmp_path / "ws2"), "start_retries": 0}).start()
+
+
+async def test_stop_removes_its_dirs_with_one_rm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop removes the control dir and its own workspace (not a given one, nor one it was told to
+    keep) with a single `rm` child: each spawn costs the controller CPU."""
+    from uniagent.sandbox import local
+
+    removals: list[tuple[str, ...]] = []
+    real = local.procs.spawn
+
+    async def spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
+        if argv[0] == "rm":
+            removals.append(argv)
+        return await real(*argv, **kwargs)
+
+    monkeypatch.setattr(local.procs, "spawn", spawn)
+    for cfg, ws_removed in (
+        ({}, True),
+        ({"keep_workspace": True}, False),
+        ({"workspace": str(tmp_path)}, False),
+    ):
+        removals.clear()
+        sb = sandbox.create({"start_retries": 0, **cfg})
+        await sb.start()
+        await sb.write_file("f.txt", "x")
+        ctl, ws = sb._ctl, sb.workspace
+        await sb.stop()
+        assert len(removals) == 1 and not ctl.exists()
+        assert ws.exists() != ws_removed and (str(ws) in removals[0]) == ws_removed
+        if not ws_removed and ws != tmp_path:
+            await local._remove_trees(ws)

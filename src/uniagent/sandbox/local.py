@@ -45,18 +45,21 @@ def _warn_once(key: str, msg: str) -> None:
         log.warning(msg)
 
 
-async def _remove_tree(path: Path) -> None:
-    """`rm -rf` in a child process: shutil.rmtree is a Python loop over every file that holds
-    the GIL (at 1,000 episodes the largest item in the worker threads' profile)."""
+async def _remove_trees(*paths: Path) -> None:
+    """`rm -rf` in one child process: shutil.rmtree is a Python loop over every file that holds
+    the GIL (at 1,000 episodes the largest item in the worker threads' profile), and one child
+    for all of a sandbox's dirs (each spawn costs the controller ~1 ms of CPU)."""
+    if not paths:
+        return
     try:
-        proc = await procs.spawn(
-            "rm", "-rf", "--", str(path), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
-        )
+        null = asyncio.subprocess.DEVNULL
+        proc = await procs.spawn("rm", "-rf", "--", *map(str, paths), stdin=null, stdout=null)
         await proc.wait()
     except OSError:
         pass
-    if path.exists():  # no `rm`, or it could not remove everything
-        await asyncio.to_thread(shutil.rmtree, path, True)
+    for path in paths:
+        if path.exists():  # no `rm`, or it could not remove everything
+            await asyncio.to_thread(shutil.rmtree, path, True)
 
 
 async def _copy_tree(src: Path, dest: Path) -> None:
@@ -171,10 +174,10 @@ class LocalSandbox(PipeShellSandbox):
             # carries bwrap's argv, which names our control dir.
             stray = await asyncio.to_thread(procs.pids_with_arg, str(self._ctl))
             procs.signal_pids(stray, signal.SIGKILL)
-        if self._ctl is not None:
-            await _remove_tree(self._ctl)
+        doomed = [self._ctl] if self._ctl is not None else []
         if self._own_workspace and self.workspace is not None and not self.config.keep_workspace:
-            await _remove_tree(self.workspace)
+            doomed.append(self.workspace)
+        await _remove_trees(*doomed)
 
     async def _alive(self) -> bool:
         return (
