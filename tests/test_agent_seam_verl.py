@@ -10,18 +10,23 @@ from conftest import needs_bwrap, require_module
 
 require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
-from test_agent_seam import probe  # noqa: E402,F401  (the fixture that registers the probe agent)
+from test_agent_seam import mini_turns, probe  # noqa: E402,F401  (probe: the fixture registering it)
 from test_verl_loop import (  # noqa: E402,F401  (fixtures, then helpers)
     GOLD,
     EngineServer,
     base_config,
+    by_instance,
+    calls_of,
+    check_against_calls,
     data_dir,
     dataset_batch,
     make_config,
     make_worker,
     run,
     scripted_engine,
+    starter,
     tokenizer,
+    unpad,
 )
 from uniagent.tokens import ChatCodec  # noqa: E402
 
@@ -41,3 +46,22 @@ def test_the_verl_loop_runs_a_registered_agent(base_config, tokenizer, data_dir,
     assert probe[0][1] == ("VerlEngine", True, None), "the agent got this sample's engine"
     assert probe[1][1] == (GOLD, "TokenChatModel")
     assert not server.calls, "the probe never asks the model"
+
+
+def test_the_verl_loop_runs_mini_swe_agent(base_config, tokenizer, data_dir) -> None:  # noqa: F811
+    """A harness agent under verl: a gateway over the sample's VerlEngine, mini-swe-agent's scripted
+    gold fix, the task's verifier; what verl gets is the exact token record of its requests."""
+    codec = ChatCodec(tokenizer)
+    server = EngineServer(scripted_engine(codec, {GOLD: mini_turns(starter(GOLD))}), by_instance)
+    config = make_config(base_config, uniagent={"agent_kind": "mini-swe-agent"})
+    worker = make_worker(config, server, tokenizer)
+    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+
+    nt = out.non_tensor_batch
+    assert list(nt["exit_reason"]) == ["finished"], nt["error"]
+    assert list(nt["resolved"]) == [1.0] and list(nt["trainable"]) == [True]
+    sample = unpad(out, 0)
+    calls = calls_of(server, nt["request_id"][0])
+    assert len(calls) == 2, "one sticky request id for the harness's whole episode"
+    check_against_calls(sample, calls)
+    assert sample["score"] == 1.0
