@@ -265,3 +265,28 @@ async def test_a_generation_whose_client_went_away_is_counted_as_untrainable(smo
             assert result.metrics["dropped_generations"] == 1 and result.segments == []
     finally:
         await server.stop()
+
+
+async def test_a_generation_cut_by_an_abort_is_counted_and_nothing_is_recorded(codec) -> None:
+    """A non-streaming engine reports no tokens before it returns: the generation is counted."""
+    texts = ["first reply", "never delivered"]
+    records = [
+        ReplayRecord("a", Generation(*Gen(codec)(t), "stop"), i, None, "0" * 64) for i, t in enumerate(texts)
+    ]
+    engine = ReplayEngine(records, match="request", strict=False, delay_s=0.5)
+    server = await GatewayServer(Gateway(engine, codec)).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            sid = (await http.post("/sessions", json={"request_id": "a"})).json()["session_id"]
+            url = f"/sessions/{sid}/v1/chat/completions"
+            first = await http.post(url, json={"messages": [TASK]})
+            history = [TASK, first.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+            pending = asyncio.create_task(http.post(url, json={"messages": history}))
+            await asyncio.sleep(0.2)
+            assert (await http.post(f"/sessions/{sid}/abort")).status_code == 200
+            assert (await pending).json()["error"]["code"] == "session_closed"
+            summary = (await http.get(f"/sessions/{sid}")).json()
+        assert summary["dropped_generations"] == 1 and summary["untrainable_tokens"] == 0
+        assert [s["turns"] for s in summary["segments"]] == [1]
+    finally:
+        await server.stop()
