@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import SHARED_TEMPLATES, needs, require
 from tokens_sim import TOOLS, conversation, load_templates, simulate, tokenizer_for
 from uniagent.errors import TemplateError
-from uniagent.tokens import ChatCodec
+from uniagent.tokens import ChatCodec, Trajectory
 
 TEMPLATES = load_templates(SHARED_TEMPLATES) if SHARED_TEMPLATES.is_dir() else {}
 WHY = f"{SHARED_TEMPLATES} not present (set UNIAGENT_SHARED_DIR to the shared/ folder)"
@@ -203,3 +205,66 @@ def test_property_contents_never_break_exactness(codecs, contents, name):
     assert [traj.response_ids[s.start : s.end] for s in traj.spans if s.kind == "model"] == generations
     if _is_append_only(codec, messages, None):
         assert traj.drift is None
+
+
+def _char_split_first_generation(codec: ChatCodec, traj: Trajectory) -> Trajectory | None:
+    """The trajectory with the longest word of its first generation sampled one character per
+    token: the same text, a non-canonical split (what a model may sample)."""
+    out = Trajectory(prompt_ids=list(traj.prompt_ids))
+    split = False
+    for s in traj.spans:
+        ids = traj.response_ids[s.start : s.end]
+        if s.kind == "model" and not split:
+            stop = [t for t in ids[-1:] if t in codec.stop_token_ids]
+            text = codec.decode(ids[: len(ids) - len(stop)])
+            word = max(re.findall(r"[A-Za-z]{4,}", text), key=len)
+            at = text.index(word)
+            chars = [t for ch in word for t in codec.encode(ch)]
+            ids = codec.encode(text[:at]) + chars + codec.encode(text[at + len(word) :]) + stop
+            if codec.decode(ids) != codec.decode(traj.response_ids[s.start : s.end]):
+                return None  # this tokenizer's decode does not round-trip (a template's added tokens)
+            out.add_generation(ids, [-0.5] * len(ids))
+            split = True
+        elif s.kind == "model":
+            out.add_generation(ids, traj.response_logprobs[s.start : s.end])
+        else:
+            out.add_context(ids, role=s.role)
+    return out
+
+
+@pytest.mark.parametrize("name", ["smollm2", *TEMPLATES])
+def test_drift_kinds_on_real_templates(codecs, name):
+    """On every template: an exact episode has no drift; a non-canonical split of sampled text is
+    `sampled` at the first difference; a template that is not append-only (its render of earlier
+    turns changes) is never excused as `sampled`."""
+    from uniagent.tokens.drift import drift_report
+
+    codec = codecs[name]
+    checked = {"exact": 0, "not_append_only": 0, "no_round_trip": 0}
+    for n, role, tools, system in SHAPES:
+        if n not in (1, 3):
+            continue
+        messages = conversation(n, role, system)
+        try:
+            traj, _ = simulate(codec, messages, tools)
+        except TemplateError:
+            continue
+        report = drift_report(codec, messages, traj, tools)
+        if traj.drift is not None:
+            assert report.kind == "bookkeeping" and report.index is not None, (name, n, role)
+            checked["not_append_only"] += 1
+            continue
+        assert tuple(report) == (None, None)
+        split = _char_split_first_generation(codec, traj)
+        if split is None:
+            checked["no_round_trip"] += 1
+            continue
+        first = codec.drift(messages, split.token_ids, tools)
+        assert first is not None, (name, n, role)
+        assert tuple(drift_report(codec, messages, split, tools)) == (first, "sampled"), (name, n, role)
+        checked["exact"] += 1
+    assert sum(checked.values()) > 0, checked
+    if name == "smollm2" or name in APPEND_ONLY - {"deepseek-ai-DeepSeek-V3.1"}:
+        assert checked["exact"] > 0, checked
+    if name in NOT_APPEND_ONLY:
+        assert checked["not_append_only"] > 0, checked
