@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,7 +23,7 @@ from typing import Any, ClassVar
 import pytest
 
 from agent_helpers import call
-from conftest import needs_bwrap
+from conftest import needs_bwrap, require_module
 from run_helpers import gold_turns
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
 from uniagent.agent.base import Agent, Episode
@@ -218,3 +221,27 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
     assert [s.result.metrics["agent_kind"] for s in samples] == ["probe", "probe"]
     assert [e for e, _ in probe] == ["start", "run", "run", "close"]
     assert probe[0][1] == ("LocalEngine", True, None), "the agent got the trainer's own engine"
+
+
+def test_mini_swe_agent_on_a_real_ray_cluster(tmp_path: Path, codec: ChatCodec) -> None:
+    """`uniagent run --agent mini-swe-agent --backend ray`: the harness's gateway in a real Ray
+    actor (its event loop, mini's thread calling back into it), the episode stored by the driver."""
+    require_module("ray", "the Ray runner backend (a verl dependency)")
+    cfg = run_config(tmp_path, codec, "mini-swe-agent")
+    out = tmp_path / "ray-run"
+    args = ["run", "--tasks", "builtin:starter", "--model", cfg.model.spec, "--agent", "mini-swe-agent"]
+    args += ["--backend", "ray", "--output", str(out), "--set", f"tasks.ids=[{cfg.tasks.ids[0]}]"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "uniagent.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert (
+        row["metrics"]["agent_kind"] == "mini-swe-agent"
+        and row["metrics"]["harness_exit_status"] == "Submitted"
+    )
