@@ -271,3 +271,21 @@ def test_a_store_from_before_drift_kinds_gains_the_column(tmp_path):
     store.put(_row("sampled", [Trajectory(prompt_ids=[1], drift=3, drift_kind="sampled")]))
     assert [r["drift_kind"] for r in store.rows(full=False)] == [None, "sampled"]
     store.close()
+
+
+def test_the_real_demo_episode_whose_drift_read_like_a_bug_is_sampled(codec):
+    """A stored `make demo` episode of the real SmolLM2 (tests/fixtures/drift_demo_episode.json):
+    `episodes_with_drift` counted it; the model sampled ' short' 'ened' for ' shortened'."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "drift_demo_episode.json").read_text())
+    messages, traj = data["messages"], Trajectory.from_dict(data["trajectory"])
+    assert codec.drift(messages, traj.token_ids) == 1375
+    assert drift_report(codec, messages, traj) == DriftReport(1375, "sampled")
+    assert codec.decode(traj.token_ids[1375:1377]) == " shortened"
+    # A context token after it, tampered, is still found.
+    later = next(s for s in traj.spans if s.kind == "context" and len(traj.prompt_ids) + s.start > 1375)
+    at = len(traj.prompt_ids) + later.start + 3
+    traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
+    assert drift_report(codec, messages, traj) == DriftReport(at, "bookkeeping")
