@@ -20,19 +20,25 @@ def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def scripted_model(codec: ChatCodec, texts: list[str], max_tokens: int = 512) -> TokenChatModel:
+def scripted_model(
+    codec: ChatCodec, texts: list[str], max_tokens: int = 512, made: list[Any] | None = None
+) -> TokenChatModel:
     """A TokenChatModel whose engine replays `texts` as the model's turns, in order.
 
     The recordings carry no prompts (strict=False replays them whatever the prompt is): these
-    tests script what the model says, the rest of the stack is real.
+    tests script what the model says, the rest of the stack is real. With `made`, every token gets
+    a logprob of its own and each generation's (ids, logprobs) is appended to `made` (for the
+    every-generated-token-once check).
     """
     rid = uuid.uuid4().hex
     records = []
     for turn, text in enumerate(texts):
         ids = codec.encode(text) + codec.eot_ids
-        records.append(
-            ReplayRecord(rid, Generation(ids, [-0.5] * len(ids), "stop"), turn=turn, prompt_hash="0" * 64)
-        )
+        lps = [-0.5] * len(ids)
+        if made is not None:
+            lps = [-(len(made) * 1000 + k + 1) / 1e4 for k in range(len(ids))]
+            made.append((ids, lps))
+        records.append(ReplayRecord(rid, Generation(ids, lps, "stop"), turn=turn, prompt_hash="0" * 64))
     engine = ReplayEngine(records, match="request", strict=False)
     return TokenChatModel(
         engine, codec, get_parser("hermes"), SamplingParams(max_tokens=max_tokens), request_id=rid

@@ -2,9 +2,52 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.tools.base import DEFAULT_COMMAND_TIMEOUT_S
+
+
+class ContextConfig(BaseModel):
+    """How the ReAct loop keeps a long episode within `max_context_tokens` (`agent.context`).
+
+    Before a model turn whose segment holds `compress_at` of the cap (or `compress_at_tokens`),
+    the policy condenses the history the model sees; the model's next turn starts a new token
+    segment (reason "condensed"). The episode ends `context_limit` only when the policy cannot
+    bring the history under that threshold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = Field(
+        "none",
+        description="none (the episode ends context_limit at the cap) | window (keep the system and task "
+        "messages and the last keep_turns turns, with a note of what was dropped) | summarize (the policy "
+        "model condenses the earlier turns into a summary, then window's cut); see "
+        "uniagent.agent.context.POLICIES",
+    )
+    compress_at: float = Field(
+        0.75, gt=0, le=1, description="fraction of max_context_tokens at which the policy condenses"
+    )
+    compress_at_tokens: int | None = Field(
+        None, ge=32, description="condense at this many context tokens instead (default: compress_at)"
+    )
+    keep_turns: int = Field(
+        2,
+        ge=0,
+        description="window/summarize: latest turns (an assistant message and its results) kept verbatim",
+    )
+    summary_max_tokens: int = Field(256, ge=8, description="summarize: the summary's token budget")
+
+    @field_validator("policy")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from uniagent.agent.context.registry import policy_class
+        from uniagent.errors import ConfigError
+
+        try:
+            policy_class(name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return name
 
 
 class AgentConfig(BaseModel):
@@ -29,3 +72,22 @@ class AgentConfig(BaseModel):
     max_format_errors: int = Field(3, ge=1, description="consecutive unusable turns before format_errors")
     observation_max_chars: int = Field(12_000, ge=200, description="observations are clipped to this")
     verifier_timeout_s: float = Field(900.0, gt=0)
+    context: ContextConfig = Field(default_factory=ContextConfig)
+
+    @model_validator(mode="after")
+    def _policy_has_a_threshold(self) -> AgentConfig:
+        if self.context.policy != "none" and not (self.max_context_tokens or self.context.compress_at_tokens):
+            raise ValueError(
+                f"agent.context.policy {self.context.policy!r} condenses at a share of "
+                "agent.max_context_tokens: set agent.max_context_tokens (or agent.context.compress_at_tokens)"
+            )
+        return self
+
+    def compress_threshold(self) -> int | None:
+        """Context tokens at which the policy condenses (None: never)."""
+        if self.context.policy == "none":
+            return None
+        if self.context.compress_at_tokens:
+            return self.context.compress_at_tokens
+        assert self.max_context_tokens is not None  # the validator saw to it
+        return max(1, int(self.max_context_tokens * self.context.compress_at))

@@ -4,6 +4,13 @@ query the model -> parse tool calls -> run them in order in the sandbox -> one o
 per call -> repeat, until a tool ends the episode or a budget runs out. The loop never lets
 an exception escape: every way out is one `ExitReason`, so the runner can always store the
 episode and the trainer can always tell policy failures from infrastructure failures.
+
+Context management (`agent.context`, agent/context/): before a turn whose token segment has
+reached the compression threshold, the episode's policy condenses the history the model sees and
+the model starts a new segment (reason "condensed"). The episode's stored `messages` keep the
+full history: everything the model saw before a compression, then a marker message
+(`role: "context"`, its `content` the note the model was given, `condensed` the figures), then
+what came after. The episode ends `context_limit` only when the policy cannot make room.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.context import Request, create_policy
 from uniagent.agent.observation import format_error_message, tool_message
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.errors import EngineError, SandboxDeadError, SandboxError
@@ -31,9 +39,23 @@ Verifier = Callable[[Sandbox, EpisodeResult], Awaitable[Reward]]
 class AgentInteraction:
     """One episode's loop. Build one per episode (it holds the model's per-episode state)."""
 
-    def __init__(self, model: ChatModel, tools: list[Tool], config: AgentConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: ChatModel,
+        tools: list[Tool],
+        config: AgentConfig | None = None,
+        summarizer: ChatModel | None = None,
+    ) -> None:
+        """`summarizer`: another model for the `summarize` policy (default: the policy model)."""
         self.model = model
         self.config = config or AgentConfig()
+        self.policy = create_policy(self.config.context)
+        self.summarizer = summarizer
+        self._threshold = self.config.compress_threshold()
+        self._archive: list[dict[str, Any]] = []  # stored messages of the views condensed so far
+        self._fresh = 0  # history[self._fresh:] is not in the archive yet
+        self._head = 0  # the task's messages (kept by every policy)
+        self._pending: int | None = None  # a condensed history's tokens until its segment starts
         # One setting bounds every command the model runs, whichever tool runs it.
         tools = [t.with_command_timeout(self.config.command_timeout_s) for t in tools]
         self.tools = {t.name: t for t in tools}
@@ -46,6 +68,7 @@ class AgentInteraction:
         verifier: Verifier | None = None,
     ) -> EpisodeResult:
         history = list(messages)
+        self._head = len(messages)
         metrics: dict[str, Any] = {
             "turns": 0,
             "tool_calls": 0,
@@ -74,7 +97,7 @@ class AgentInteraction:
             log.exception("episode failed inside the agent loop")
             exit_reason, error = ExitReason.INTERNAL_ERROR, f"{exc!r}\n{traceback.format_exc(limit=8)}"
         result = EpisodeResult(
-            messages=history,
+            messages=self._archive + history[self._fresh :],
             segments=None,
             exit_reason=exit_reason,
             reward=None,
@@ -102,14 +125,18 @@ class AgentInteraction:
             if cfg.wall_time_s and time.perf_counter() - started >= cfg.wall_time_s:
                 metrics["budget_hit"] = "wall_time"
                 return ExitReason.TIMEOUT_BUDGET, None
-            if self._context_full():
+            if self._threshold is not None and self.model.context_tokens >= self._threshold:
+                if not await self._condense(history, metrics, started):
+                    metrics["context_limit_reason"] = "the context policy could not make room"
+                    return ExitReason.CONTEXT_LIMIT, None
+            elif self._context_full():
                 return ExitReason.CONTEXT_LIMIT, None
             turn = await self._query(history, metrics, started)
             metrics["turns"] += 1
             history.append(turn.message)
             if turn.format_error or not turn.tool_calls:
-                if turn.finish_reason == "length" and self._context_full():
-                    return ExitReason.CONTEXT_LIMIT, None
+                if turn.finish_reason == "length" and self._context_full() and self._threshold is None:
+                    return ExitReason.CONTEXT_LIMIT, None  # (a policy condenses before the next turn)
                 metrics["format_errors"] += 1
                 bad_in_row += 1
                 if bad_in_row >= cfg.max_format_errors:
@@ -133,34 +160,83 @@ class AgentInteraction:
                 metrics["budget_hit"] = "tool_timeouts"
                 return ExitReason.TIMEOUT_BUDGET, None
 
+    def _context_now(self) -> int:
+        """The next prompt's tokens as far as known: a condensed history's own size until its
+        segment starts, else the current segment's."""
+        return self._pending if self._pending is not None else self.model.context_tokens
+
     def _context_full(self) -> bool:
         limit = self.config.max_context_tokens
-        return bool(limit and self.model.context_tokens >= limit)
+        return bool(limit and self._context_now() >= limit)
+
+    async def _condense(self, history: list[dict[str, Any]], metrics: dict[str, Any], started: float) -> bool:
+        """Let the policy condense `history` in place; False when it cannot make room."""
+        assert self._threshold is not None
+        before = self.model.context_tokens
+        limit = self.config.max_context_tokens
+        request = Request(
+            history=list(history),
+            head=self._head,
+            noted=bool(metrics.get("context_compressions")),
+            model=self.model,
+            tools=self.specs,
+            target=self._threshold,
+            room=limit - before if limit else None,
+            summarizer=self.summarizer,
+        )
+        out = await self._model_call(self.policy.condense(request), metrics, started)
+        if out is None:
+            return False
+        self.model.begin_segment("condensed")
+        figures = {
+            "policy": self.policy.name,
+            "segment": len(self.model.segments),
+            "dropped_turns": out.dropped_turns,
+            "tokens_before": before,
+            "tokens_after": out.tokens,
+        }
+        marker = {"role": "context", "content": out.note, "condensed": figures}
+        self._archive += [*history[self._fresh :], *out.transcript, marker]
+        history[:] = out.history
+        self._fresh = len(history)
+        self._pending = out.tokens
+        metrics["context_compressions"] = metrics.get("context_compressions", 0) + 1
+        metrics.setdefault("context_tokens_before", []).append(before)
+        metrics.setdefault("context_tokens_after", []).append(out.tokens)
+        for key, value in {"context_dropped_turns": out.dropped_turns, **out.metrics}.items():
+            metrics[key] = metrics.get(key, 0) + value
+        return True
 
     async def _query(self, history: list[dict[str, Any]], metrics: dict[str, Any], started: float) -> Any:
+        query = self.model.query(history, self.specs, max_tokens=self._turn_cap())
+        turn = await self._model_call(query, metrics, started)
+        self._pending = None
+        metrics["prompt_tokens"] = max(metrics["prompt_tokens"], turn.prompt_tokens)
+        metrics["completion_tokens"] += turn.completion_tokens
+        return turn
+
+    async def _model_call(self, call: Awaitable[Any], metrics: dict[str, Any], started: float) -> Any:
+        """A model call (a turn, or a policy's summary) within the episode's wall time; an engine
+        failure becomes `_ModelFailure` (model_error)."""
         cfg = self.config
         remaining = None
         if cfg.wall_time_s:
             remaining = max(0.1, cfg.wall_time_s - (time.perf_counter() - started))
         t0 = time.perf_counter()
         try:
-            query = self.model.query(history, self.specs, max_tokens=self._turn_cap())
-            turn = await asyncio.wait_for(query, remaining)
+            return await asyncio.wait_for(call, remaining)
         except TimeoutError:
             raise _ModelFailure("the model did not answer within the episode's wall time") from None
         except (EngineError, OSError) as exc:
             raise _ModelFailure(f"{type(exc).__name__}: {exc}") from exc
         finally:
             metrics["model_s"] += time.perf_counter() - t0
-        metrics["prompt_tokens"] = max(metrics["prompt_tokens"], turn.prompt_tokens)
-        metrics["completion_tokens"] += turn.completion_tokens
-        return turn
 
     def _turn_cap(self) -> int | None:
         """This turn's max_tokens: the per-turn cap, within what the context cap leaves."""
         cap = self.config.max_tokens_per_turn
         if self.config.max_context_tokens:
-            room = max(1, self.config.max_context_tokens - self.model.context_tokens)
+            room = max(1, self.config.max_context_tokens - self._context_now())
             cap = room if cap is None else min(cap, room)
         return cap
 
