@@ -524,3 +524,24 @@ def test_register_custom_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     register_parser("custom_test", Custom)
     assert isinstance(get_parser("custom_test"), Custom)
     assert "custom_test" in available_parsers()
+
+
+# -- streaming: what a front may show before the turn is parsed ----------------------------------
+
+
+def test_streamed_text_stops_at_each_formats_call_marker() -> None:
+    from uniagent.parsers.stream import call_markers, visible_prefix
+
+    assert call_markers(get_parser("hermes")) == ("<tool_call>",)
+    assert call_markers(get_parser("qwen3_coder")) == ("<tool_call>", "<function=")
+    hermes = call_markers(get_parser("hermes"))
+    assert visible_prefix("I'll look.\n<tool_call>\n{", hermes) == ("I'll look.\n", True)
+    # A partial marker is held back until the next token says whether it is one.
+    assert visible_prefix("I'll look.<tool_", hermes) == ("I'll look.", False)
+    assert visible_prefix("a < b", hermes) == ("a < b", False)
+    # A bare <function= opens a call in the XML format only.
+    xml = call_markers(get_parser("xml"))
+    assert visible_prefix("ok <function=bash>", xml) == ("ok ", True)
+    assert visible_prefix("ok <function=bash>", hermes) == ("ok <function=bash>", False)
+    # A partial UTF-8 character (decoded as U+FFFD) waits for its next byte.
+    assert visible_prefix("caf\ufffd", hermes) == ("caf", False)

@@ -25,6 +25,7 @@ class HermesParser:
     """JSON-in-tags format used by Hermes, Qwen2.5/Qwen3 and most open chat templates."""
 
     name = "hermes"
+    markers = (OPEN,)  # what opens a call, for streaming fronts (parsers.stream)
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParseResult:
         """Thought before the first `<tool_call>`, then every call; text after the calls is dropped."""

@@ -46,6 +46,8 @@ def _next_call(text: str, pos: int) -> int:
 class XMLParser:
     """Tag-per-parameter format of Qwen3-Coder; also registered as `qwen3_coder`."""
 
+    markers = (OPEN, FUNC)  # what opens a call, for streaming fronts (parsers.stream)
+
     def __init__(self, name: str = "xml") -> None:
         self.name = name
 
