@@ -10,7 +10,7 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint bench system-deps clean llama-server
+.PHONY: setup demo test lint bench system-deps clean llama-server clis
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
@@ -45,7 +45,7 @@ demo: setup system-deps
 	rm -rf runs/demo
 	$(VENV)/bin/uniagent run --config configs/demo.yaml
 
-test: setup system-deps llama-server
+test: setup system-deps llama-server clis
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -q -rs -p no:cacheprovider
 
@@ -53,6 +53,13 @@ test: setup system-deps llama-server
 # checkout (the real-server tests and the bench use it; a second run is a no-op).
 llama-server: setup system-deps
 	PY=$(PY) scripts/build-llama-server.sh
+
+# The harness CLIs (Claude Code, Codex; pinned in the script) for the claude-code and codex agents,
+# installed once into .cache/npm-clis with npm's cache reused. Optional: without node/npm it says
+# so and goes on, except under CI=true, where their tests must run.
+clis:
+	@scripts/install-clis.sh >/dev/null || { rc=$$?; \
+	  if [ $$rc = 3 ] && [ "$${CI:-}" != true ]; then echo "harness CLIs skipped (no node/npm)"; else exit $$rc; fi; }
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -30,7 +30,12 @@ if TYPE_CHECKING:
 
 Row = tuple[str, bool | None, str]
 DEFAULT_SANDBOX = "local"
-OPTIONAL_MODULES = ("uniagent.integrations.verl", "uniagent.runner.ray_backend")
+OPTIONAL_MODULES = (
+    "uniagent.integrations.verl",
+    "uniagent.runner.ray_backend",
+    "uniagent.gateway.claude_code",
+    "uniagent.gateway.codex",
+)
 
 
 @dataclass

@@ -26,6 +26,8 @@ from uniagent.tokens import ChatCodec
 AGENTS: dict[str, str] = {
     "react": "uniagent.agent.react:ReactAgent",
     "mini-swe-agent": "uniagent.gateway.harness:MiniSweAgent",
+    "claude-code": "uniagent.gateway.claude_code:ClaudeCodeAgent",
+    "codex": "uniagent.gateway.codex:CodexAgent",
 }
 
 

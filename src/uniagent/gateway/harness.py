@@ -297,6 +297,25 @@ class MiniSweAgent:
         return await run_harness_episode(self.harness, episode)
 
 
+def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskView, kind: str) -> Session:
+    """The episode's gateway session: the model's sampling (trusted, capped per turn), parser and
+    request id, the context cap. Every harness agent (mini-swe-agent, the CLIs) opens one."""
+    sampling = model.sampling
+    if agent.max_tokens_per_turn:
+        sampling = sampling.model_copy(
+            update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
+        )
+    return gateway.sessions.create(
+        SessionConfig(
+            sampling=sampling,
+            max_context_tokens=agent.max_context_tokens,
+            parser=model.parser.name,
+            request_id=model.request_id,
+            metadata={"instance_id": task.instance_id, "agent_kind": kind},
+        )
+    )
+
+
 async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> EpisodeResult:
     """One harness episode in the sandbox `run_episode` set up (and stops)."""
     task, sb, model, metrics = episode.task, episode.sandbox, episode.model, episode.metrics
@@ -314,20 +333,7 @@ async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> Epis
             uname = await sb.exec("uname -s; uname -r; uname -v; uname -m", timeout=30)
         except (SandboxError, OSError, TimeoutError) as exc:
             return failed_result(task, ExitReason.SANDBOX_DEAD, f"sandbox start/setup: {exc}", metrics)
-        sampling = model.sampling
-        if agent.max_tokens_per_turn:
-            sampling = sampling.model_copy(
-                update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
-            )
-        session = harness.gateway.sessions.create(
-            SessionConfig(
-                sampling=sampling,
-                max_context_tokens=agent.max_context_tokens,
-                parser=model.parser.name,
-                request_id=model.request_id,
-                metadata={"instance_id": task.instance_id, "agent_kind": harness.kind},
-            )
-        )
+        session = open_session(harness.gateway, model, agent, task, harness.kind)
         parts = [*uname.output.splitlines(), "", "", "", ""][:4]
         template_vars = dict(zip(("system", "release", "version", "machine"), parts, strict=True))
         result = await _run_mini(harness, session, task, sb, agent, template_vars, metrics)
