@@ -217,9 +217,9 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
     assert sum(t["num_turns"] for t in segments) == 2 and all(sum(t["response_mask"]) for t in segments)
 
     # harness agents run on Ray too now (test_agent_seam.py); an unknown kind is one line, exit 2
-    bad = subprocess.run([*cli, "--agent", "claude-code"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([*cli, "--agent", "aider"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "agent_kind" in bad.stderr
-    assert "known: react, mini-swe-agent" in bad.stderr
+    assert "known: react, mini-swe-agent, claude-code, codex" in bad.stderr
 
 
 def test_agent_kind_parsing() -> None:
