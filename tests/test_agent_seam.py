@@ -122,9 +122,8 @@ async def test_setup_failure_is_the_result_for_every_agent(codec: ChatCodec, pro
 
 
 def test_unknown_agent_kind_names_the_known_ones(probe) -> None:
-    with pytest.raises(
-        ConfigError, match=r"unknown agent kind 'aider'; known: react, mini-swe-agent, claude-code, codex, probe"
-    ):
+    known = "react, mini-swe-agent, claude-code, codex, probe"
+    with pytest.raises(ConfigError, match=rf"unknown agent kind 'aider'; known: {known}"):
         create_agent("aider")
     with pytest.raises(ConfigError, match=r"agent_kind.*unknown agent kind 'nope'"):
         build_config(None, ["agent_kind=nope"])
