@@ -1,0 +1,240 @@
+"""The gateway's Anthropic Messages front (`/sessions/{id}/v1/messages`), what Claude Code speaks.
+
+The wire itself is tested on the real first request Claude Code 2.1.197 sent (recorded from the
+real CLI, `fixtures/gateway/`) and on the histories it sends later; the endpoint is driven by the
+official `anthropic` SDK against the real gateway (uvicorn on loopback) over the real ReplayEngine
+(scripted generations) and the real SmolLM2 codec, plus one real SmolLM2 call (LocalEngine).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_gateway import new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
+from uniagent.gateway.sessions import GatewayError, Turn
+from uniagent.gateway.wire import Exchange, WireRequest
+from uniagent.gateway.wire.anthropic import AnthropicMessages
+from uniagent.models.base import Generation
+from uniagent.parsers.base import ToolCall
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gateway"
+WIRE = AnthropicMessages()
+BASH = {
+    "name": "Bash",
+    "description": "Run a bash command",
+    "input_schema": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
+
+
+def claude_request() -> dict[str, Any]:
+    return json.loads((FIXTURES / "claude_code_2.1.197_tools_bash.json").read_text())
+
+
+def call(command: str) -> str:
+    return f"<tool_call>\n{json.dumps({'name': 'Bash', 'arguments': {'command': command}})}\n</tool_call>"
+
+
+def turn(content: str, calls: list[ToolCall] = (), finish: str = "stop", n: int = 7) -> Turn:
+    return Turn(content, content, list(calls), None, finish, Generation([1] * n, [-0.1] * n, "stop"), 42, 0)
+
+
+def exchange() -> Exchange:
+    return Exchange("uniagent", 42, WireRequest([], None), lambda ids: "")
+
+
+async def events(*items: tuple[str, Any]) -> AsyncIterator[tuple[str, Any]]:
+    for item in items:
+        yield item
+
+
+def parse_sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in raw.decode().strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        data = json.loads(lines["data"])
+        assert data["type"] == lines["event"]
+        out.append((lines["event"], data))
+    return out
+
+
+# -- the wire on plain bodies ------------------------------------------------------------------
+
+
+def test_claude_codes_real_first_request_parses() -> None:
+    body = claude_request()
+    req = WIRE.parse(body)  # thinking, context_management, output_config, metadata: ignored
+    system, user = req.messages
+    assert system["role"] == "system" and "x-anthropic-billing-header" not in system["content"]
+    assert system["content"].startswith("You are a Claude agent, built on Anthropic's Claude Agent SDK.\n")
+    assert user["role"] == "user" and user["content"].endswith(
+        "</system-reminder>\n\nCreate f.txt containing hi"
+    )
+    (tool,) = req.tools
+    assert tool["function"]["name"] == "Bash" and "$schema" not in tool["function"]["parameters"]
+    assert tool["function"]["parameters"]["required"] == ["command"]
+    assert req.stream and req.sampling["max_tokens"] == 64000
+    # The per-call billing hash and the moving cache_control do not change the history.
+    other = copy.deepcopy(body)
+    other["system"][0]["text"] = other["system"][0]["text"].replace("b8b", "f00")
+    for block in other["messages"][0]["content"]:
+        block.pop("cache_control", None)
+    other["system"][2]["cache_control"] = {"type": "ephemeral"}
+    assert WIRE.parse(other).messages == req.messages
+
+
+def test_a_later_turn_maps_blocks_onto_chat_messages() -> None:
+    body = {
+        "max_tokens": 100,
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": "Create f.txt"},
+            {"role": "system", "content": "Available agent types: none."},  # mid-conversation system
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "hm", "signature": "x"},
+                    {"type": "text", "text": "I'll create it."},
+                    {
+                        "type": "tool_use",
+                        "id": "call_1",
+                        "name": "Bash",
+                        "input": {"command": "echo hi > f.txt"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "call_1",
+                        "content": [{"type": "text", "text": "ok"}],
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "call_2",
+                        "content": "no such file",
+                        "is_error": True,
+                    },
+                    {"type": "text", "text": "<system-reminder>go on</system-reminder>", "cache_control": {}},
+                ],
+            },
+        ],
+        "tools": [BASH, {"type": "web_search_20250305", "name": "web_search"}],
+    }
+    req = WIRE.parse(body)
+    assert [m["role"] for m in req.messages] == [
+        "system",
+        "user",
+        "system",
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+    ]
+    assistant = req.messages[3]
+    assert assistant["content"] == "I'll create it."
+    assert assistant["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "Bash", "arguments": {"command": "echo hi > f.txt"}},
+        }
+    ]
+    assert req.messages[4] == {"role": "tool", "content": "ok", "tool_call_id": "call_1"}
+    assert req.messages[5]["content"] == "Error: no such file"
+    assert [t["function"]["name"] for t in req.tools] == ["Bash"]  # the server tool runs at Anthropic
+    assert not req.stream
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "role must be user, assistant or system"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "'image'"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": ["END"]}, "stop_sequences"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t"}]}, "input_schema"),
+    ],
+)
+def test_malformed_requests_say_what_to_fix(body: dict[str, Any], says: str) -> None:
+    with pytest.raises(GatewayError, match=says):
+        WIRE.parse(body)
+
+
+def test_answers_and_errors_in_anthropics_shape() -> None:
+    calls = [ToolCall("Bash", {"command": "ls"}, "call_3")]
+    body = WIRE.response(turn("Looking.", calls, "tool_calls"), exchange())
+    assert body["content"] == [
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "call_3", "name": "Bash", "input": {"command": "ls"}},
+    ]
+    assert body["stop_reason"] == "tool_use" and body["usage"]["input_tokens"] == 42
+    assert body["usage"]["output_tokens"] == 7
+    assert WIRE.response(turn("", calls, "tool_calls"), exchange())["content"][0]["type"] == "tool_use"
+    assert WIRE.response(turn("cut", finish="length"), exchange())["stop_reason"] == "max_tokens"
+    assert WIRE.response(turn("done"), exchange())["stop_reason"] == "end_turn"
+
+    exc = GatewayError("too long", 400, "context_length_exceeded")
+    exc.tokens, exc.limit = 9000, 8192
+    assert WIRE.error(exc) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 9000 tokens > 8192 maximum",
+        },
+    }
+    assert WIRE.error(GatewayError("gone", 404, "session_not_found"))["error"]["type"] == "not_found_error"
+    assert WIRE.error(GatewayError("boom", 500, kind="server_error"))["error"]["type"] == "api_error"
+
+
+async def test_the_stream_is_anthropics_event_sequence() -> None:
+    calls = [ToolCall("Bash", {"command": "ls"}, "call_1")]
+    done = turn("I'll look.", calls, "tool_calls")
+    raw = b"".join(
+        [
+            b
+            async for b in WIRE.stream(
+                events(("text", "I'll "), ("text", "look.\n"), ("done", done)), exchange()
+            )
+        ]
+    )
+    names = [(name, data.get("index")) for name, data in parse_sse(raw)]
+    assert names == [
+        ("message_start", None),
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("message_delta", None),
+        ("message_stop", None),
+    ]
+    sse = parse_sse(raw)
+    assert sse[0][1]["message"]["usage"]["input_tokens"] == 42
+    assert sse[6][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"command": "ls"}'}
+    assert sse[8][1]["delta"]["stop_reason"] == "tool_use" and sse[8][1]["usage"] == {"output_tokens": 7}
+    # A turn with no streamed text still has one (empty) text block; an error ends the stream.
+    raw = b"".join([b async for b in WIRE.stream(events(("done", turn(""))), exchange())])
+    assert [n for n, _ in parse_sse(raw)][1:4] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    ]
+    raw = b"".join(
+        [b async for b in WIRE.stream(events(("error", GatewayError("engine down", 503))), exchange())]
+    )
+    assert parse_sse(raw)[-1][1]["error"] == {"type": "api_error", "message": "engine down"}
