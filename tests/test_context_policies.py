@@ -43,10 +43,9 @@ def turns(n: int) -> list[dict[str, Any]]:
 
 
 def request(model: Any, history: list[dict[str, Any]], target: int = 10**6, **kw: Any) -> Request:
-    return Request(
-        history=history, head=len(TASK), noted=kw.pop("noted", False), model=model, tools=None,
-        target=target, room=kw.pop("room", None), **kw,
-    )  # fmt: skip
+    """What the loop hands a policy for `history` (the task is `TASK`; no tools)."""
+    kw = {"noted": False, "room": None, **kw}
+    return Request(history=history, head=len(TASK), model=model, tools=None, target=target, **kw)
 
 
 class Made(list):
