@@ -70,11 +70,12 @@ class ClaudeCodeAgent(CliAgent):
         }
         turns = ["--max-turns", str(episode.config.max_turns)] if episode.config.max_turns else []
         argv = [
-            self.binary(), "-p", "--output-format", "json", "--dangerously-skip-permissions",
-            "--no-session-persistence", *turns, *self.flags,
+            "--output-format", "json", "--dangerously-skip-permissions", "--no-session-persistence",
+            *turns, *self.flags,
         ]  # fmt: skip
         task = quote(str(session_dir / "task.txt"))
-        return f'{exports(env)}\nexec {" ".join(map(quote, argv))} "$(cat {task})"'
+        # The prompt right after -p: --tools takes a variable number of values.
+        return f'{exports(env)}\nexec {quote(self.binary())} -p "$(cat {task})" {" ".join(map(quote, argv))}'
 
     def outcome(self, stdout: str, rc: int | None) -> tuple[ExitReason | None, str | None]:
         """`--output-format json` prints one result object: `subtype` says how it ended."""

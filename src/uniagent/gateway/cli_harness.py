@@ -320,7 +320,9 @@ class CliAgent:
             err_tail = str(exc)
         metrics["harness_s"] = time.perf_counter() - started
         stdout = await _read(sb, out)
-        err_tail = err_tail or (await _read(sb, f"{out}.err"))[-2000:]
+        err_tail = err_tail or "\n".join(
+            t for t in ((await _read(sb, f"{out}.err")).strip()[-1500:], stdout.strip()[-1500:]) if t
+        )
         stated, answer = self.outcome(stdout, rc)
         metrics.update(harness_exit_code=rc, model_calls=scoped.calls, refused_calls=scoped.refused)
         if timed_out:
