@@ -141,6 +141,8 @@ def test_context_config_is_checked_and_set_per_run(tmp_path: Path) -> None:
         AgentConfig(context={"policy": "window"})
     with pytest.raises(ValueError, match="extra"):
         ContextConfig(policy="window", keep=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="must be below"):
+        AgentConfig(max_context_tokens=1000, context={"policy": "window", "compress_at_tokens": 1000})
     assert AgentConfig(max_context_tokens=1000, context={"policy": "window"}).compress_threshold() == 750
     assert AgentConfig(max_context_tokens=1000).compress_threshold() is None
     path = tmp_path / "run.yaml"

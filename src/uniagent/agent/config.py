@@ -81,6 +81,11 @@ class AgentConfig(BaseModel):
                 f"agent.context.policy {self.context.policy!r} condenses at a share of "
                 "agent.max_context_tokens: set agent.max_context_tokens (or agent.context.compress_at_tokens)"
             )
+        at, cap = self.context.compress_at_tokens, self.max_context_tokens
+        if at and cap and at >= cap:
+            raise ValueError(
+                f"agent.context.compress_at_tokens ({at}) must be below agent.max_context_tokens ({cap})"
+            )
         return self
 
     def compress_threshold(self) -> int | None:
