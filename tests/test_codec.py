@@ -236,7 +236,7 @@ def _char_split_first_generation(codec: ChatCodec, traj: Trajectory) -> Trajecto
 def test_drift_kinds_on_real_templates(codecs, name):
     """On every template: an exact episode has no drift; a non-canonical split of sampled text is
     `sampled` at the first difference; a template that is not append-only (its render of earlier
-    turns changes) is never excused as `sampled`."""
+    turns changes) is never excused as `sampled`: it is `template`."""
     from uniagent.tokens.drift import drift_report
 
     codec = codecs[name]
@@ -251,7 +251,10 @@ def test_drift_kinds_on_real_templates(codecs, name):
             continue
         report = drift_report(codec, messages, traj, tools)
         if traj.drift is not None:
-            assert report.kind == "bookkeeping" and report.index is not None, (name, n, role)
+            # `template` where a rendered prefix stops being a prefix of the next render; a
+            # template that departs otherwise (it renders a lone history differently) stays
+            # `bookkeeping`, the cautious side
+            assert report.kind in ("template", "bookkeeping") and report.index is not None, (name, n, role)
             checked["not_append_only"] += 1
             continue
         assert tuple(report) == (None, None)

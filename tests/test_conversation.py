@@ -151,7 +151,7 @@ def test_a_template_that_strips_earlier_reasoning(codec, gen, follow: bool) -> N
     else:
         assert [s.reason for s in segments] == ["start"]
         assert "two and two" in qwenish.decode(segments[0].token_ids)
-        assert segments[0].drift is not None
+        assert segments[0].drift is not None and segments[0].drift_kind == "template"
     assert_every_generated_token_once(segments, gen)
 
 

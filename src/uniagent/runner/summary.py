@@ -35,7 +35,8 @@ def summarize(store: RunStore, wall_s: float | None = None, total: int | None = 
     }
     tokens = sum(r["completion_tokens"] for r in rows)
     wall = wall_s if wall_s is not None else store.meta("wall_s", None)
-    # A sampled retokenization is harmless (the record keeps the sampled ids); only bookkeeping
+    # A sampled retokenization is harmless (the record keeps the sampled ids), template drift is
+    # expected (model.history: exact with a template that rewrites earlier turns); only bookkeeping
     # drift is a problem. Drift without a kind (a store from before kinds) counts as bookkeeping.
     drift_kinds = collections.Counter(
         r.get("drift_kind") or "bookkeeping" for r in rows if r["drift"] is not None
@@ -52,6 +53,7 @@ def summarize(store: RunStore, wall_s: float | None = None, total: int | None = 
         "trainable_fraction": round(sum(r["trainable"] for r in rows) / n, 4) if n else 0.0,
         "episodes_with_bookkeeping_drift": drift_kinds["bookkeeping"],
         "episodes_with_sampled_retokenization": drift_kinds["sampled"],
+        "episodes_with_template_drift": drift_kinds["template"],
         "completion_tokens": tokens,
         "tokens_per_s": round(tokens / wall, 2) if wall else None,
         "episodes_per_min": round(60 * n / wall, 2) if wall else None,

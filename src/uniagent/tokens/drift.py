@@ -11,6 +11,11 @@ messages. That mixes two things:
   from the template's render, a missing or extra token, or a model span whose *text* the
   template renders differently. Our token record then disagrees with the conversation: a bug.
 
+- **template**: the chat template is not append-only for this history (it shows an earlier
+  turn differently once more messages follow, e.g. Qwen3 drops earlier reasoning), and the
+  difference lies where it stops being so. With `model.history: exact` the model keeps seeing its
+  own tokens, so this is expected, not a bug; `model.history: template` avoids it.
+
 `drift_report` classifies the first difference and, after a sampled one, re-aligns the rest of
 the sequence on the text so that a later bookkeeping error is not hidden behind it.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from uniagent.errors import TemplateError
 from uniagent.tokens.codec import ChatCodec
 from uniagent.tokens.trajectory import Trajectory
 
@@ -63,19 +69,43 @@ def drift_report(
     mask = [*(prompt_mask or [0] * len(trajectory.prompt_ids)), *trajectory.response_mask]
     bookkeeping, sampled = _align(codec, reference, ids, mask, ends_with_assistant)
     if bookkeeping is not None:
+        rewrites = template_rewrites_at(codec, messages, tools)
+        if rewrites is not None and bookkeeping >= rewrites:
+            return DriftReport(bookkeeping, "template")
         return DriftReport(bookkeeping, "bookkeeping")
     if sampled is not None:
         return DriftReport(sampled, "sampled")
     return DriftReport(first, "bookkeeping")  # not reached: a difference is always one or the other
 
 
+def template_rewrites_at(
+    codec: ChatCodec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> int | None:
+    """The token offset where the template stops being append-only for `messages` (the render of a
+    history is not a prefix of the render with one more message), or None when it is append-only.
+    Renders every prefix: only called when there is drift to explain."""
+    before: str | None = None
+    for k in range(1, len(messages) + 1):
+        try:
+            after = codec.render(messages[:k], tools, add_generation_prompt=False)
+        except TemplateError:  # a prefix the template refuses alone (tools but no user yet, say)
+            continue
+        if before is not None and not after.startswith(before):
+            same = 0
+            while same < min(len(before), len(after)) and before[same] == after[same]:
+                same += 1
+            return max(0, len(codec.encode(after[:same])) - MERGE_SLACK)
+        before = after
+    return None
+
+
 def episode_drift(segments: Sequence[Trajectory | dict[str, Any]]) -> DriftReport:
     """An episode's drift from its segments' (as set by `drift_report`; Trajectory objects or
-    their dicts): bookkeeping if any segment has it, else sampled if any has it; the index is
+    their dicts): bookkeeping if any segment has it, else template, else sampled; the index is
     that segment's. Drift without a kind (a record from before kinds) counts as bookkeeping."""
     found = [_drift_of(seg) for seg in segments]
     found = [(index, kind or "bookkeeping") for index, kind in found if index is not None]
-    for want in ("bookkeeping", "sampled"):
+    for want in ("bookkeeping", "template", "sampled"):
         for index, kind in found:
             if kind == want:
                 return DriftReport(index, kind)

@@ -23,10 +23,12 @@ it strips earlier reasoning (`template`)."""
 
 SEGMENT_REASONS: tuple[str, ...] = ("start", "condensed", "rewritten", "rollback", "template")
 
-DriftKind = Literal["sampled", "bookkeeping"]
-"""What a drift index means. `sampled`: the first difference lies in tokens the model sampled,
-whose text a fresh encoding would split differently (harmless: the record keeps the sampled
-ids). `bookkeeping`: context tokens we appended differ from the template's render (a bug)."""
+DriftKind = Literal["sampled", "template", "bookkeeping"]
+"""What a drift index means (uniagent.tokens.drift). `sampled`: the first difference lies in
+tokens the model sampled, whose text a fresh encoding would split differently (harmless: the
+record keeps the sampled ids). `template`: the template shows earlier turns differently once
+more follow (it strips reasoning), and the model kept seeing its own tokens (expected with
+`model.history: exact`). `bookkeeping`: our tokens differ from the template's render (a bug)."""
 
 
 @dataclass

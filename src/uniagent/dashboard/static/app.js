@@ -130,6 +130,7 @@ function runCard(run, series) {
       ${stat("pass@1", fmt(s["pass@1"]))}
       ${stat("bookkeeping drift", s.episodes_with_bookkeeping_drift)}
       ${stat("sampled retokenized", s.episodes_with_sampled_retokenization)}
+      ${s.episodes_with_template_drift ? stat("template drift", s.episodes_with_template_drift) : ""}
     </div>
     <div class="muted">exit reasons</div>
     ${exitBar(s.exit_reasons, s.episodes)}
