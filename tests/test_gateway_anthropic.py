@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import httpx
 import pytest
 
-from test_gateway import new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
-from uniagent.gateway.sessions import GatewayError, Turn
+from test_gateway import model_segments, new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
+from uniagent.gateway.sessions import ContextLengthError, GatewayError, Turn
 from uniagent.gateway.wire import Exchange, WireRequest
 from uniagent.gateway.wire.anthropic import AnthropicMessages
 from uniagent.models.base import Generation
@@ -42,6 +44,7 @@ def claude_request() -> dict[str, Any]:
 
 
 def call(command: str) -> str:
+    """Claude Code's Bash call in the hermes format the session's parser reads."""
     return f"<tool_call>\n{json.dumps({'name': 'Bash', 'arguments': {'command': command}})}\n</tool_call>"
 
 
@@ -186,8 +189,7 @@ def test_answers_and_errors_in_anthropics_shape() -> None:
     assert WIRE.response(turn("cut", finish="length"), exchange())["stop_reason"] == "max_tokens"
     assert WIRE.response(turn("done"), exchange())["stop_reason"] == "end_turn"
 
-    exc = GatewayError("too long", 400, "context_length_exceeded")
-    exc.tokens, exc.limit = 9000, 8192
+    exc = ContextLengthError("too long", 9000, 8192)
     assert WIRE.error(exc) == {
         "type": "error",
         "error": {
@@ -238,3 +240,127 @@ async def test_the_stream_is_anthropics_event_sequence() -> None:
         [b async for b in WIRE.stream(events(("error", GatewayError("engine down", 503))), exchange())]
     )
     assert parse_sse(raw)[-1][1]["error"] == {"type": "api_error", "message": "engine down"}
+
+
+# -- the endpoint, with the anthropic SDK as the client ----------------------------------------
+
+
+def client(server: Any, sid: str, **options: Any) -> anthropic.AsyncAnthropic:
+    options = {"api_key": "unused", **options}
+    return anthropic.AsyncAnthropic(base_url=f"{server.url}/sessions/{sid}", max_retries=0, **options)
+
+
+def echo(message: Any) -> dict[str, Any]:
+    """What Claude Code sends back: its assistant turn's blocks as it received them."""
+    return {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]}
+
+
+async def test_tool_use_conversation_is_token_exact(serve, codec) -> None:  # noqa: F811
+    texts = ["I'll create it.\n" + call("echo hi > f.txt"), call("cat f.txt"), "Done: f.txt says hi."]
+    server = await serve(scripted(codec, {"cc": texts}), codec)
+    sid = await new_session(server, request_id="cc", sampling={"max_tokens": 64})
+    claude = client(server, sid)
+    ask = {"model": "smollm2", "max_tokens": 4096, "system": "You are Claude Code.", "tools": [BASH]}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Create f.txt"}]}]
+
+    first = await claude.messages.create(messages=messages, **ask)
+    assert first.stop_reason == "tool_use" and first.usage.output_tokens == len(codec.encode(texts[0])) + 1
+    text, tool = first.content
+    assert (
+        text.text == "I'll create it."
+        and tool.name == "Bash"
+        and tool.input == {"command": "echo hi > f.txt"}
+    )
+    result = {
+        "type": "tool_result",
+        "tool_use_id": tool.id,
+        "content": "",
+        "cache_control": {"type": "ephemeral"},
+    }
+    messages += [echo(first), {"role": "user", "content": [result]}]
+
+    # Streamed, as Claude Code always asks: the SDK assembles the tool_use from input_json_delta.
+    async with claude.messages.stream(messages=messages, **ask) as stream:
+        second = await stream.get_final_message()
+    assert second.stop_reason == "tool_use" and second.content[0].type == "tool_use"
+    assert second.content[0].input == {"command": "cat f.txt"} and second.content[0].id != tool.id
+    result = {
+        "type": "tool_result",
+        "tool_use_id": second.content[0].id,
+        "content": [{"type": "text", "text": "hi"}],
+    }
+    messages[-1]["content"][0].pop("cache_control")  # it moves between turns, as Claude Code's does
+    messages += [echo(second), {"role": "user", "content": [result]}]
+    async with claude.messages.stream(messages=messages, **ask) as stream:
+        deltas = [e.delta.text async for e in stream if e.type == "content_block_delta"]
+        third = await stream.get_final_message()
+    assert third.stop_reason == "end_turn" and third.content[0].text == "".join(deltas) == texts[2]
+
+    (traj,) = await trajectories(server, sid)  # one segment: each request extended the last
+    assert traj["drift"] is None and traj["num_turns"] == 3 and traj["reason"] == "start"
+    assert model_segments(traj) == [codec.encode(t) + codec.eot_ids for t in texts]
+    assert third.usage.input_tokens == len(traj["prompt_ids"]) + len(traj["response_ids"]) - len(
+        model_segments(traj)[-1]
+    )
+
+
+async def test_context_error_count_tokens_and_head(serve, codec) -> None:  # noqa: F811
+    server = await serve(scripted(codec, {"cx": ["hi"]}), codec)
+    sid = await new_session(server, request_id="cx", max_context_tokens=40)
+    claude = client(server, sid)
+    long = [{"role": "user", "content": "Please read this long task description carefully. " * 8}]
+    counted = await claude.messages.count_tokens(model="m", messages=long, system="Be brief.", tools=[BASH])
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await claude.messages.create(
+            model="m", max_tokens=10, messages=long, system="Be brief.", tools=[BASH]
+        )
+    assert info.value.status_code == 400
+    assert info.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"prompt is too long: {counted.input_tokens} tokens > 40 maximum",
+        },
+    }
+    short = [{"role": "user", "content": "hi"}]
+    assert (await claude.messages.count_tokens(model="m", messages=short)).input_tokens == len(
+        codec.prompt_ids(short)
+    )
+    async with httpx.AsyncClient(base_url=server.url) as http:  # Claude Code's probe at start
+        assert (await http.head(f"/sessions/{sid}")).status_code == 200
+        assert (await http.head("/sessions/nope")).status_code == 404
+        r = await http.post(f"/sessions/{sid}/v1/messages?beta=true", json={"max_tokens": 5, "messages": []})
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        r = await http.post("/sessions/nope/v1/messages", json={"max_tokens": 5, "messages": short})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+async def test_the_gateway_token_is_taken_as_x_api_key(serve, codec) -> None:  # noqa: F811
+    server = await serve(scripted(codec, {"k": ["hi", "ho"]}), codec, token="s3cret")
+    sid = await new_session(server, token="s3cret", request_id="k")
+    short = [{"role": "user", "content": "x"}]
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        await client(server, sid, api_key="wrong").messages.create(model="m", max_tokens=5, messages=short)
+    assert info.value.body["error"]["type"] == "authentication_error"
+    reply = await client(server, sid, api_key="s3cret").messages.create(
+        model="m", max_tokens=5, messages=short
+    )
+    assert reply.content[0].text == "hi"
+    # ANTHROPIC_AUTH_TOKEN (a bearer token) works as well.
+    bearer = client(server, sid, api_key=None, auth_token="s3cret")
+    assert (await bearer.messages.create(model="m", max_tokens=5, messages=short)).content[0].text == "ho"
+
+
+async def test_real_smollm2_call_streams_with_max_tokens_clamped(serve, smol_engine, codec) -> None:  # noqa: F811
+    server = await serve(smol_engine, codec)
+    sampling = {"temperature": 0, "max_tokens": 8}
+    sid = await new_session(server, sampling=sampling, client_sampling=["max_tokens"])
+    messages = [{"role": "user", "content": "Count from 1 to 50."}]
+    async with client(server, sid).messages.stream(model="m", max_tokens=32000, messages=messages) as stream:
+        message = await stream.get_final_message()
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 8
+    assert message.usage.input_tokens == len(codec.prompt_ids(messages))
+    (traj,) = await trajectories(server, sid)
+    assert traj["prompt_ids"] == codec.prompt_ids(messages) and len(traj["response_ids"]) == 8
+    assert codec.decode(traj["response_ids"]) == message.content[0].text

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
+from openai import AsyncOpenAI
 
-from test_gateway import new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
+from test_gateway import call, model_segments, new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
 from uniagent.gateway.sessions import GatewayError, Turn
 from uniagent.gateway.wire import Exchange, WireRequest
 from uniagent.gateway.wire.responses import OpenAIResponses
@@ -230,3 +232,83 @@ async def test_the_stream_is_the_responses_event_sequence() -> None:
     )
     failed = parse_sse(raw)[-1]
     assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "engine_error"
+
+
+# -- the endpoint, with the openai SDK as the client -------------------------------------------
+
+
+def echo(response: Any) -> list[dict[str, Any]]:
+    """What Codex sends back: the output items of its last response."""
+    return [item.model_dump(exclude_none=True) for item in response.output]
+
+
+async def test_function_call_conversation_is_token_exact(serve, codec) -> None:  # noqa: F811
+    texts = [
+        "I'll create it.\n" + call("exec_command", cmd="echo hi > f.txt"),
+        call("exec_command", cmd="cat f.txt"),
+        "Done: f.txt says hi.",
+    ]
+    server = await serve(scripted(codec, {"cx": texts}), codec)
+    sid = await new_session(server, request_id="cx", sampling={"max_tokens": 64})
+    codex = AsyncOpenAI(base_url=server.session_url(sid), api_key="unused", max_retries=0)
+    items: list[dict[str, Any]] = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "You are Codex."}],
+        },
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Create f.txt"}]},
+    ]
+    ask = {"model": "smollm2", "tools": [EXEC], "store": False}
+
+    first = await codex.responses.create(input=items, **ask)
+    message, fc = first.output
+    assert message.type == "message" and first.status == "completed"
+    assert first.output_text == "I'll create it."
+    assert fc.type == "function_call" and json.loads(fc.arguments) == {"cmd": "echo hi > f.txt"}
+    items += [*echo(first), {"type": "function_call_output", "call_id": fc.call_id, "output": "exit 0"}]
+
+    # Streamed, as Codex always asks: raw events, then the SDK's accumulating stream helper.
+    stream = await codex.responses.create(input=items, stream=True, **ask)
+    kinds, second = [], None
+    async for event in stream:
+        kinds.append(event.type)
+        second = event.response if event.type == "response.completed" else second
+    assert kinds[0] == "response.created" and "response.function_call_arguments.done" in kinds
+    (fc2,) = second.output
+    assert json.loads(fc2.arguments) == {"cmd": "cat f.txt"} and fc2.call_id != fc.call_id
+    items += [*echo(second), {"type": "function_call_output", "call_id": fc2.call_id, "output": "hi"}]
+    async with codex.responses.stream(input=items, **ask) as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        third = await stream.get_final_response()
+    assert third.output_text == "".join(deltas) == texts[2]
+
+    (traj,) = await trajectories(server, sid)  # one segment: each request extended the last
+    assert traj["drift"] is None and traj["num_turns"] == 3 and traj["reason"] == "start"
+    assert model_segments(traj) == [codec.encode(t) + codec.eot_ids for t in texts]
+    assert third.usage.input_tokens + third.usage.output_tokens == len(traj["prompt_ids"]) + len(
+        traj["response_ids"]
+    )
+
+
+async def test_context_error_is_the_one_codex_understands(serve, codec) -> None:  # noqa: F811
+    server = await serve(scripted(codec, {"cc": ["hi"]}), codec)
+    sid = await new_session(server, request_id="cc", max_context_tokens=30)
+    codex = AsyncOpenAI(base_url=server.session_url(sid), api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        await codex.responses.create(
+            model="m", input="Please read this long task description carefully. " * 8
+        )
+    assert info.value.status_code == 400 and info.value.code == "context_length_exceeded"
+    assert info.value.param == "input"
+
+
+async def test_real_smollm2_call(serve, smol_engine, codec) -> None:  # noqa: F811
+    server = await serve(smol_engine, codec)
+    sid = await new_session(server, sampling={"temperature": 0, "max_tokens": 8})
+    codex = AsyncOpenAI(base_url=server.session_url(sid), api_key="unused", max_retries=0)
+    response = await codex.responses.create(model="m", input="Count from 1 to 50.", max_output_tokens=32000)
+    assert response.status == "incomplete" and response.usage.output_tokens == 8
+    (traj,) = await trajectories(server, sid)
+    assert traj["prompt_ids"] == codec.prompt_ids([{"role": "user", "content": "Count from 1 to 50."}])
+    assert codec.decode(traj["response_ids"]) == response.output_text

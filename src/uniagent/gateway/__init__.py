@@ -1,5 +1,6 @@
-"""OpenAI-compatible HTTP front over any `TokenEngine` that records exact token trajectories,
-so black-box harnesses (mini-swe-agent, any OpenAI client) produce training data."""
+"""HTTP fronts over any `TokenEngine` that record exact token trajectories, so black-box harnesses
+produce training data: OpenAI chat (mini-swe-agent, any OpenAI client), Anthropic Messages (Claude
+Code) and OpenAI Responses (Codex), one wire module each (`gateway.wire`) over the same sessions."""
 
 from uniagent.gateway.app import Gateway, check_bind, is_loopback
 from uniagent.gateway.sessions import GatewayError, Session, SessionConfig, SessionManager

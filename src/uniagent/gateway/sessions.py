@@ -50,6 +50,16 @@ class GatewayError(UniAgentError):
         self.kind = kind
 
 
+class ContextLengthError(GatewayError):
+    """A request does not fit the context cap. `tokens` and `limit` let each wire protocol say it
+    the way its clients recognise (Claude Code: "prompt is too long: N tokens > M maximum")."""
+
+    def __init__(self, message: str, tokens: int, limit: int) -> None:
+        super().__init__(message, 400, "context_length_exceeded")
+        self.tokens = tokens
+        self.limit = limit
+
+
 class SessionConfig(BaseModel):
     """What `POST /sessions` takes. Sampling here is trusted: it overrides the client's."""
 
@@ -277,14 +287,20 @@ class Session:
         step = self.conversation.plan([self._template_view(m) for m in messages], tools, keys)
         if step.segment is not None and step.segment.ended:
             self.context_full = True
-            raise GatewayError(
+            raise ContextLengthError(
                 f"This model's maximum context length is {self.max_context} tokens; this conversation "
                 "reached it and has ended (context_length_exceeded).",
-                400,
-                "context_length_exceeded",
+                len(step.prompt_ids),
+                self.max_context or 0,
             )
         sampling, capped = self._fit(step, sampling)
         return Plan(step, sampling, capped)
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+        """Tokens of this request's prompt rendered afresh, tools included (what a protocol's
+        token-count endpoint answers); nothing in the session changes."""
+        shown = self.conversation.full_view([self._template_view(m) for m in messages], tools)
+        return len(self.codec.prompt_ids(*shown))
 
     def _fit(self, step: Step, sampling: SamplingParams) -> tuple[SamplingParams, bool]:
         if self.max_context is None:
@@ -294,11 +310,11 @@ class Session:
             if step.segment is not None:
                 step.segment.ended = "length"
             self.context_full = True
-            raise GatewayError(
+            raise ContextLengthError(
                 f"This model's maximum context length is {self.max_context} tokens. However, your messages "
                 f"resulted in {len(step.prompt_ids)} tokens (context_length_exceeded).",
-                400,
-                "context_length_exceeded",
+                len(step.prompt_ids),
+                self.max_context,
             )
         if room < sampling.max_tokens:
             return sampling.model_copy(update={"max_tokens": room}), True

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from uniagent.gateway.sessions import GatewayError, Turn, clean_message
+from uniagent.gateway.sessions import ContextLengthError, GatewayError, Turn, clean_message
 from uniagent.gateway.wire.base import Event, Exchange, Wire, WireRequest, checked_tools, flag, sse, text_of
 
 log = logging.getLogger(__name__)
@@ -236,10 +236,8 @@ class AnthropicMessages(Wire):
     def error(self, exc: GatewayError) -> dict[str, Any]:
         kind = STATUS_TYPES.get(exc.status) or ("api_error" if exc.status >= 500 else "invalid_request_error")
         message = str(exc)
-        if exc.code == "context_length_exceeded":
-            tokens, limit = getattr(exc, "tokens", None), getattr(exc, "limit", None)
-            if tokens is not None and limit is not None:
-                message = f"prompt is too long: {tokens} tokens > {limit} maximum"
+        if isinstance(exc, ContextLengthError):
+            message = f"prompt is too long: {exc.tokens} tokens > {exc.limit} maximum"
         return {"type": "error", "error": {"type": kind, "message": message}}
 
     def count(self, tokens: int) -> dict[str, Any]:
