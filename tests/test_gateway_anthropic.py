@@ -364,3 +364,27 @@ async def test_real_smollm2_call_streams_with_max_tokens_clamped(serve, smol_eng
     (traj,) = await trajectories(server, sid)
     assert traj["prompt_ids"] == codec.prompt_ids(messages) and len(traj["response_ids"]) == 8
     assert codec.decode(traj["response_ids"]) == message.content[0].text
+
+
+async def test_a_rewritten_history_is_a_new_segment(serve, codec) -> None:  # noqa: F811
+    texts = [call("ls"), "Two files.", "One file."]
+    server = await serve(scripted(codec, {"rw": texts}), codec)
+    sid = await new_session(server, request_id="rw")
+    claude = client(server, sid)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "How many files?"}]
+    first = await claude.messages.create(model="m", max_tokens=64, messages=messages, tools=[BASH])
+    use = first.content[0]
+    messages.append(echo(first))
+    for output in ("a b", "a"):  # the same call answered twice: the second rewrites the first's result
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": output}
+        await claude.messages.create(
+            model="m",
+            max_tokens=64,
+            messages=[*messages, {"role": "user", "content": [result]}],
+            tools=[BASH],
+        )
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        summary = (await http.get(f"/sessions/{sid}")).json()
+    assert [(s["reason"], s["turns"]) for s in summary["segments"]] == [("start", 2), ("rollback", 1)]
+    first_segment, rolled = await trajectories(server, sid)
+    assert rolled["prompt_ids"][: len(first_segment["prompt_ids"])] == first_segment["prompt_ids"]
