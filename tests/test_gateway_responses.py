@@ -162,6 +162,7 @@ def test_later_items_map_onto_chat_messages() -> None:
         ),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "call_id"),
         ({"input": "x", "instructions": 3}, "instructions"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "whole history"),
     ],
 )
 def test_malformed_requests_say_what_to_fix(body: dict[str, Any], says: str) -> None:

@@ -152,6 +152,12 @@ class OpenAIResponses(Wire):
     clamp_max_tokens = True
 
     def parse(self, body: dict[str, Any]) -> WireRequest:
+        for stored in ("previous_response_id", "conversation"):
+            if body.get(stored):
+                raise GatewayError(
+                    f"'{stored}' is not supported: the gateway stores no responses; send the whole "
+                    "history in 'input' (Codex does, with store: false)"
+                )
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise GatewayError("'instructions' must be a string")
