@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,31 @@ async def test_local_upload_of_a_tree_is_a_cp_child_with_the_same_result(
     assert lines[0].split()[0] == "750" and lines[1] == "644 1000000000", res.output
     assert lines[2:4] == ["pkg/sub/data.txt", "datakept"], res.output
     assert ws is not None and (tmp_path / "ws" / "link").is_symlink()
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"), reason="3.11 pidfd watcher only"
+)
+def test_pidfd_watcher_takes_the_exit_code_from_popen_when_popen_reaped_it(caplog) -> None:  # type: ignore[no-untyped-def]
+    """asyncio's transport.close() polls its Popen, which reaps an exited child before the watcher
+    sees it: the exit code is the Popen's, not 255 with a warning on the CLI's stderr."""
+    import asyncio
+    import time
+
+    from uniagent.runner.pidfd import LoopPidfdWatcher
+
+    async def main() -> int:
+        proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+        time.sleep(0.3)  # exits meanwhile; the loop has not run the watcher yet
+        assert proc._transport._proc.poll() == 3  # type: ignore[attr-defined]  # the Popen reaps it
+        return await proc.wait()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = asyncio.get_child_watcher()
+        asyncio.set_child_watcher(LoopPidfdWatcher())
+        try:
+            assert asyncio.run(main()) == 3
+        finally:
+            asyncio.set_child_watcher(old)
+    assert "already read" not in caplog.text

@@ -35,9 +35,15 @@ class LoopPidfdWatcher(asyncio.AbstractChildWatcher):
         loop.remove_reader(pidfd)
         try:
             _, status = os.waitpid(pid, 0)
-        except ChildProcessError:  # reaped by someone else: the exit code is lost
-            returncode = 255
-            log.warning("child process pid %d exit status already read: will report returncode 255", pid)
+        except ChildProcessError:
+            # Reaped by someone else. Most often the subprocess's own `Popen` did it (asyncio's
+            # transport.close() polls it, and `subprocess` polls dropped Popens whenever another
+            # starts): then it holds the exit code. Only a stranger's reap loses it.
+            popen = getattr(args[0], "_proc", None) if args else None
+            returncode = getattr(popen, "returncode", None)
+            if returncode is None:
+                returncode = 255
+                log.warning("child process pid %d exit status already read: will report returncode 255", pid)
         else:
             returncode = os.waitstatus_to_exitcode(status)
         os.close(pidfd)
