@@ -125,6 +125,7 @@ class ModelCalls:
                 ) from None
             raise
         except EngineError as exc:
+            session.engine_errors += 1
             raise GatewayError(f"the engine failed: {exc}", 503, "engine_error", "server_error") from None
         finally:
             session.inflight.discard(task)

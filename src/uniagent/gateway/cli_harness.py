@@ -358,8 +358,8 @@ class CliAgent:
             return ExitReason.CONTEXT_LIMIT, None
         if rc == 0:
             return ExitReason.FINISHED, None
-        if scoped.server_errors:
-            return ExitReason.MODEL_ERROR, f"the gateway answered {scoped.server_errors}: {err_tail}"
+        if scoped.server_errors or session.engine_errors:
+            return ExitReason.MODEL_ERROR, f"the engine or gateway failed: {err_tail}"
         if session.state != "open":
             return ExitReason.CANCELLED, f"the session was {session.state}"
         return ExitReason.INTERNAL_ERROR, f"{self.name} exited {rc}: {err_tail}"

@@ -228,6 +228,7 @@ class Session:
         self.inflight: set[asyncio.Task[Any]] = set()
         self.dropped_generations = 0  # generations that went away before they were recorded
         self.dropped_tokens = 0  # their tokens the engine reported (streamed) before that
+        self.engine_errors = 0  # model calls the engine failed (a harness's model_error, even mid-stream)
         self._call_count = 0
 
     # -- views -------------------------------------------------------------------------
