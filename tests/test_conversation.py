@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from token_checks import Gen, assert_every_generated_token_once
+from token_checks import REFUSES_BOOM, STRIPS_REASONING, Gen, assert_every_generated_token_once
 from uniagent.tokens import TokenConversation
 
 
@@ -113,22 +113,6 @@ def test_state_changes_only_on_commit_and_caller_dicts_are_copied(codec, gen) ->
     assert plan.segment is None  # the changed first message no longer matches: not an extension
 
 
-# A ChatML template that, like Qwen3's, drops the reasoning of assistant turns before the last
-# user message: it is not append-only.
-STRIPS_REASONING = (
-    "{%- set ns = namespace(last=0) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- for m in messages -%}"
-    "{%- set c = m['content'] -%}"
-    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last and '</think>' in c -%}"
-    "{%- set c = c.split('</think>')[-1].lstrip() -%}{%- endif -%}"
-    "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
-
-
 @pytest.mark.parametrize("follow", [False, True])
 def test_a_template_that_strips_earlier_reasoning(codec, gen, follow: bool) -> None:
     """exact (default): one segment, the model keeps seeing its reasoning, drift says where the
@@ -183,18 +167,6 @@ def test_a_rollback_prompt_keeps_sampled_tokens_marked_so_their_split_is_not_a_b
     segments = conv.finish()
     assert [(s.drift is not None, s.drift_kind) for s in segments] == [(True, "sampled"), (True, "sampled")]
     assert_every_generated_token_once(segments, gen)
-
-
-# A ChatML template that cannot render an assistant message saying "boom" (continuations never
-# render the model's own text, so the episode runs; only the full render at the end fails).
-REFUSES_BOOM = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'assistant' and 'boom' in m['content'] -%}"
-    "{{ raise_exception('this template cannot render boom') }}{%- endif -%}"
-    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
 
 
 def test_a_history_the_template_cannot_render_keeps_its_tokens_with_drift_zero(codec, gen) -> None:

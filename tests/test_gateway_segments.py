@@ -20,7 +20,7 @@ import httpx
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from token_checks import Gen, assert_every_generated_token_once
+from token_checks import REFUSES_BOOM, Gen, assert_every_generated_token_once
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.gateway import Gateway
 from uniagent.gateway.harness import _attach_trajectory
@@ -215,16 +215,6 @@ async def test_stripped_reasoning_keeps_every_reply_with_its_thinking(harness, c
     for i, seg in enumerate(segments):  # each reply trains with its thinking, as generated
         assert f"step {i}" in codec.decode(seg.response_ids)
         assert "step" not in codec.decode(seg.prompt_ids)  # the harness's view: no earlier thinking
-
-
-REFUSES_BOOM = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'assistant' and 'boom' in m['content'] -%}"
-    "{{ raise_exception('this template cannot render boom') }}{%- endif -%}"
-    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
 
 
 async def test_a_history_the_template_cannot_render_is_kept_with_drift_zero(harness, codec) -> None:

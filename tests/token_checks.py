@@ -49,3 +49,31 @@ def assert_every_generated_token_once(segments: list[Trajectory], gen: Gen) -> N
         seg.validate()
         model = sum(s.length for s in seg.spans if s.kind == "model")
         assert sum(seg.response_mask) == model
+
+
+# A ChatML template that cannot render an assistant message saying "boom" (continuations never
+# render the model's own text, so the episode runs; only the full render at the end fails).
+REFUSES_BOOM = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and 'boom' in m['content'] -%}"
+    "{{ raise_exception('this template cannot render boom') }}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+# A ChatML template that, like Qwen3's, drops the reasoning of assistant turns before the last
+# user message: it is not append-only.
+STRIPS_REASONING = (
+    "{%- set ns = namespace(last=0) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- set c = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last and '</think>' in c -%}"
+    "{%- set c = c.split('</think>')[-1].lstrip() -%}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
