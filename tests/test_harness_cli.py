@@ -1,0 +1,272 @@
+"""The real Claude Code and Codex CLIs inside real bubblewrap sandboxes, through the gateway.
+
+What the model says is scripted with the real ReplayEngine (gold fixes, each exit reason): the
+generations are hermes tool calls with each CLI's own tool (Claude's `Bash{command}`, Codex's
+`exec_command{cmd}`), which the gateway parses and answers in the CLI's protocol (Anthropic
+Messages, OpenAI Responses). Everything else is real: the pinned CLI binaries (`make clis`), the
+gateway, the session socket, the sandbox, the starter tasks' verifier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import needs, needs_bwrap
+from uniagent.agent import AgentConfig
+from uniagent.agent.registry import open_agent
+from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+from uniagent.gateway.app import Gateway
+from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir
+from uniagent.gateway.sessions import SessionConfig
+from uniagent.models.base import Generation, SamplingParams
+from uniagent.models.replay import ReplayEngine, ReplayRecord
+from uniagent.models.token_chat import TokenChatModel
+from uniagent.parsers import get_parser
+from uniagent.sandbox.base import Sandbox
+from uniagent.tasks import load_tasks
+from uniagent.tasks.episode import run_episode
+from uniagent.tokens import ChatCodec
+
+needs_clis = needs(
+    "the harness CLIs (make clis)",
+    cli_dir() is not None and shutil.which("node") is not None,
+    "node/npm and `make clis` install the pinned Claude Code and Codex CLIs",
+)
+TOOL = {"claude-code": ("Bash", "command"), "codex": ("exec_command", "cmd")}
+
+
+def call(harness: str, command: str, thought: str = "") -> str:
+    name, arg = TOOL[harness]
+    body = json.dumps({"name": name, "arguments": {arg: command}})
+    return f"{thought}<tool_call>\n{body}\n</tool_call>"
+
+
+def script(codec: ChatCodec, turns: dict[str, list[str]]) -> ReplayEngine:
+    records = []
+    for rid, texts in turns.items():
+        for i, text in enumerate(texts):
+            ids = codec.encode(text) + codec.eot_ids
+            records.append(ReplayRecord(rid, Generation(ids, [-0.25] * len(ids), "stop"), i, None, "0" * 64))
+    return ReplayEngine(records, match="request", strict=False)
+
+
+def model(engine, codec: ChatCodec, rid: str, max_tokens: int = 512) -> TokenChatModel:
+    sampling = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return TokenChatModel(engine, codec, get_parser("hermes"), sampling, request_id=rid)
+
+
+def gold_fix(task: Any) -> str:
+    patch = task.row["patch"]
+    return f"cat > /tmp/fix.diff <<'UA_EOF'\n{patch}UA_EOF\ngit apply /tmp/fix.diff && echo applied"
+
+
+def model_segments(traj) -> list[list[int]]:
+    return [traj.response_ids[s.start : s.end] for s in traj.spans if s.kind == "model"]
+
+
+# -- the session socket (no CLI needed) ----------------------------------------------------------
+
+
+async def test_session_socket_admits_only_its_session_and_token(codec: ChatCodec, tmp_path: Path) -> None:
+    """One socket per episode: another session's path is 404, a wrong or missing token 401, the
+    turn budget is answered with each protocol's context error, a 5xx is noted (model_error)."""
+    text = "Hello there."
+    engine = script(codec, {"a": [text]})
+    gateway = Gateway(engine, codec, token=None)
+    a = gateway.sessions.create(SessionConfig(request_id="a"))
+    b = gateway.sessions.create(SessionConfig(request_id="b"))
+    scoped = ScopedApp(gateway.app, a.id, "tok-a", max_calls=2)
+    sock = await SessionSocket(tmp_path, scoped).start()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        transport = httpx.AsyncHTTPTransport(uds=str(tmp_path / "gw.sock"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            other = await client.post(f"/sessions/{b.id}/v1/chat/completions", json=body,
+                                      headers={"x-api-key": "tok-a"})  # fmt: skip
+            assert other.status_code == 404
+            assert (await client.get("/sessions")).status_code == 404  # not even the list
+            wrong = await client.post(f"/sessions/{a.id}/v1/chat/completions", json=body,
+                                      headers={"authorization": "Bearer tok-b"})  # fmt: skip
+            assert wrong.status_code == 401
+            none = await client.post(f"/sessions/{a.id}/v1/chat/completions", json=body)
+            assert none.status_code == 401
+            ok = await client.post(f"/sessions/{a.id}/v1/chat/completions", json=body,
+                                   headers={"authorization": "Bearer tok-a"})  # fmt: skip
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["choices"][0]["message"]["content"] == text
+            # The engine has nothing more for this session: the gateway's 503 is noted.
+            failed = await client.post(f"/sessions/{a.id}/v1/chat/completions", json=body,
+                                       headers={"x-api-key": "tok-a"})  # fmt: skip
+            assert failed.status_code == 503 and scoped.server_errors == [503]
+            # Past the budget (2 calls): refused before the gateway, in the CLI's own terms.
+            past = await client.post(
+                f"/sessions/{a.id}/v1/responses", json={}, headers={"x-api-key": "tok-a"}
+            )
+            assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded"
+            past = await client.post(f"/sessions/{a.id}/v1/messages?beta=true", json={},
+                                     headers={"x-api-key": "tok-a"})  # fmt: skip
+            assert past.status_code == 400 and past.json()["type"] == "error"
+            assert past.json()["error"]["message"].startswith("prompt is too long")
+            assert scoped.calls == 2 and scoped.refused == 2
+    finally:
+        await sock.stop()
+    assert b.requests == 0, "the other session was never reached"
+
+
+# -- the real CLIs in real sandboxes -------------------------------------------------------------
+
+
+def proved(task: Any) -> Any:
+    """The starter task whose verifier also reads, inside the sandbox, the file the CLI wrote."""
+    base = type(task)
+
+    class Proved(base):  # type: ignore[valid-type, misc]
+        async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
+            reward = await super().score(sandbox, result)
+            proof = await sandbox.exec("cat proof.txt 2>/dev/null || echo missing", timeout=10)
+            reward.details["proof"] = proof.output.strip()
+            return reward
+
+    task.__class__ = Proved
+    return task
+
+
+def tool_outputs(result: EpisodeResult) -> str:
+    return "\n".join(str(m.get("content", "")) for m in result.messages if m.get("role") == "tool")
+
+
+@pytest.fixture
+def host_port() -> Any:
+    """A TCP port listening on the host's loopback: a sandbox must not reach it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server.getsockname()[1]
+    server.close()
+
+
+async def episode(harness: str, engine, codec, task, rid: str, **agent: Any) -> EpisodeResult:
+    async with open_agent(harness, engine, codec) as cli:
+        return await run_episode(task, model(engine, codec, rid), AgentConfig(**agent), agent=cli)
+
+
+@needs_bwrap
+@needs_clis
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_cli_fixes_a_starter_task_inside_the_sandbox(harness: str, codec, host_port) -> None:
+    task = proved(load_tasks("builtin:starter")[0])
+    probe = (
+        "import socket; s = socket.socket(); s.settimeout(3); "
+        f"print('probe', s.connect_ex(('127.0.0.1', {host_port})))"
+    )
+    look = f'hostname > proof.txt; cat proof.txt; python3 -c "{probe}"'
+    fix = gold_fix(task)
+    texts = [
+        call(harness, look, "Let me look around first.\n"),
+        call(harness, fix),
+        "The fix is applied.",
+    ]
+    engine = script(codec, {"gold#0": texts})
+    started = time.perf_counter()
+    result = await episode(harness, engine, codec, task, "gold#0", max_turns=10, wall_time_s=300)
+    wall = time.perf_counter() - started
+
+    assert result.exit_reason == ExitReason.FINISHED, result.error
+    assert result.resolved and result.reward.value == 1.0
+    # The commands ran in the sandbox: its hostname, in its workspace, which the host lacks.
+    assert result.reward.details["proof"] == "sandbox"
+    assert not Path("/workspace/proof.txt").exists() and not Path("proof.txt").exists()
+    outputs = tool_outputs(result)
+    assert "applied" in outputs and "sandbox" in outputs
+    assert "probe 111" in outputs, outputs  # ECONNREFUSED: the host's loopback is not the sandbox's
+    assert result.metrics["model_calls"] == 3, "no title call, no retries, no side requests"
+    traj = result.trajectory
+    assert traj is not None and result.metrics["segments"] == 1, result.metrics
+    assert model_segments(traj) == [codec.encode(t) + codec.eot_ids for t in texts]
+    assert traj.drift is None and result.answer == "The fix is applied."
+    first_prompt = len(result.segments[0].prompt_ids)
+    print(
+        f"\nHARNESS {harness}: first prompt {first_prompt} tokens, model calls "
+        f"{result.metrics['model_calls']}, segments {result.metrics['segments']}, chains "
+        f"{result.metrics['chains']}, drift {traj.drift}, exit {result.exit_reason}, wall {wall:.1f} s"
+    )
+    assert wall < 120, "nothing hung offline"
+
+
+@needs_bwrap
+@needs_clis
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_cli_exit_reasons(harness: str, codec) -> None:
+    """Each way a CLI episode ends maps to its exit reason: the turn budget (Claude's own
+    --max-turns; Codex's refused call), the context cap (the gateway's context error, which the
+    CLI does not retry), an engine failure (model_error), the wall clock (timeout)."""
+    task = load_tasks("builtin:starter")[0]
+    engine = script(
+        codec,
+        {
+            "turns#0": [call(harness, "ls"), call(harness, "pwd"), "done"],
+            "ctx#0": ["never generated"],
+            "slow#0": [call(harness, "sleep 60"), "done"],
+        },
+    )
+    turns = await episode(harness, engine, codec, task, "turns#0", max_turns=1, wall_time_s=120)
+    assert turns.exit_reason == ExitReason.MAX_TURNS, turns.error
+    assert turns.reward is not None and not turns.resolved, "a trainable exit is verified"
+    assert turns.trajectory.num_turns == 1 and turns.trajectory.drift is None
+
+    ctx = await episode(harness, engine, codec, task, "ctx#0", max_context_tokens=300, wall_time_s=120)
+    assert ctx.exit_reason == ExitReason.CONTEXT_LIMIT, ctx.error
+    assert ctx.metrics["model_calls"] == 1, "the context error is not retried"
+
+    broken = await episode(harness, engine, codec, task, "nothing-recorded#0", wall_time_s=120)
+    assert broken.exit_reason == ExitReason.MODEL_ERROR, broken.error
+    assert broken.reward is None and not broken.exit_reason.trainable
+
+    started = time.perf_counter()
+    slow = await episode(harness, engine, codec, task, "slow#0", wall_time_s=8, command_timeout_s=120)
+    assert slow.exit_reason == ExitReason.TIMEOUT_BUDGET, slow.error
+    assert slow.metrics["budget_hit"] == "wall_time" and time.perf_counter() - started < 60
+
+
+@needs_bwrap
+@needs_clis
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: ChatCodec) -> None:
+    """`uniagent run --agent claude-code|codex`: the same tasks, verifier, store and exit reasons."""
+    task = load_tasks("builtin:starter")[1]
+    fix = gold_fix(task)
+    replay = tmp_path / "replay.jsonl"
+    lines = []
+    for i, text in enumerate([call(harness, fix), "Fixed."]):
+        ids = codec.encode(text) + codec.eot_ids
+        rec = ReplayRecord(
+            f"{task.instance_id}#0", Generation(ids, [-0.1] * len(ids), "stop"), i, None, "0" * 64
+        )
+        lines.append(json.dumps(rec.to_json()))
+    replay.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter", "--output", str(out)]
+    proc = subprocess.run(
+        [*cli, "--model", f"replay:{replay}", "--set", f"tasks.ids=[{task.instance_id}]", "--agent", harness],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}, summary
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert row["drift"] is None and row["metrics"]["agent_kind"] == harness
+    assert row["metrics"]["model_calls"] == 2 and sum(t["num_turns"] for t in row["segments"]) == 2
