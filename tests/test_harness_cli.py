@@ -38,11 +38,22 @@ from uniagent.tasks import load_tasks
 from uniagent.tasks.episode import run_episode
 from uniagent.tokens import ChatCodec
 
-needs_clis = needs(
-    "the harness CLIs (make clis)",
-    cli_dir() is not None and shutil.which("node") is not None,
-    "node/npm and `make clis` install the pinned Claude Code and Codex CLIs",
+needs_node = needs(
+    "node and npm",
+    shutil.which("node") is not None and shutil.which("npm") is not None,
+    "the harness CLIs install from npm (`make clis`)",
 )
+
+
+@pytest.fixture
+def clis() -> Path:
+    """The pinned CLIs; with node present, a missing install is a failure, never a skip."""
+    path = cli_dir()
+    if path is None:
+        pytest.fail("the harness CLIs are not installed: run `make clis`", pytrace=False)
+    return path
+
+
 TOOL = {"claude-code": ("Bash", "command"), "codex": ("exec_command", "cmd")}
 
 
@@ -162,9 +173,9 @@ async def episode(harness: str, engine, codec, task, rid: str, **agent: Any) -> 
 
 
 @needs_bwrap
-@needs_clis
+@needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
-async def test_cli_fixes_a_starter_task_inside_the_sandbox(harness: str, codec, host_port) -> None:
+async def test_cli_fixes_a_starter_task_inside_the_sandbox(harness: str, codec, host_port, clis) -> None:
     task = proved(load_tasks("builtin:starter")[0])
     probe = (
         "import socket; s = socket.socket(); s.settimeout(3); "
@@ -205,9 +216,9 @@ async def test_cli_fixes_a_starter_task_inside_the_sandbox(harness: str, codec, 
 
 
 @needs_bwrap
-@needs_clis
+@needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
-async def test_cli_exit_reasons(harness: str, codec) -> None:
+async def test_cli_exit_reasons(harness: str, codec, clis) -> None:
     """Each way a CLI episode ends maps to its exit reason: the turn budget (Claude's own
     --max-turns; Codex's refused call), the context cap (the gateway's context error, which the
     CLI does not retry), an engine failure (model_error), the wall clock (timeout)."""
@@ -233,6 +244,11 @@ async def test_cli_exit_reasons(harness: str, codec) -> None:
     assert broken.exit_reason == ExitReason.MODEL_ERROR, broken.error
     assert broken.reward is None and not broken.exit_reason.trainable
 
+    # The CLI's default prompt (Claude Code ~21K tokens, Codex ~9K) does not fit an 8K model: the
+    # gateway's context error, which the CLI understands and stops on.
+    full = await episode(f"{harness}:full", engine, codec, task, "ctx#0", max_context_tokens=8192)
+    assert full.exit_reason == ExitReason.CONTEXT_LIMIT and full.metrics["model_calls"] == 1, full.error
+
     started = time.perf_counter()
     slow = await episode(harness, engine, codec, task, "slow#0", wall_time_s=8, command_timeout_s=120)
     assert slow.exit_reason == ExitReason.TIMEOUT_BUDGET, slow.error
@@ -240,9 +256,9 @@ async def test_cli_exit_reasons(harness: str, codec) -> None:
 
 
 @needs_bwrap
-@needs_clis
+@needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
-def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: ChatCodec) -> None:
+def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: ChatCodec, clis) -> None:
     """`uniagent run --agent claude-code|codex`: the same tasks, verifier, store and exit reasons."""
     task = load_tasks("builtin:starter")[1]
     fix = gold_fix(task)
@@ -270,3 +286,13 @@ def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: Chat
     (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert row["drift"] is None and row["metrics"]["agent_kind"] == harness
     assert row["metrics"]["model_calls"] == 2 and sum(t["num_turns"] for t in row["segments"]) == 2
+
+
+@needs_node
+async def test_doctor_rows_say_the_clis_run(clis) -> None:
+    from uniagent.gateway import claude_code, codex
+
+    (claude,) = await claude_code.doctor_check()
+    (cdx,) = await codex.doctor_check()
+    assert claude[:2] == ("harness claude-code", True) and "2.1.197" in claude[2]
+    assert cdx[:2] == ("harness codex", True) and "0.171.0" in cdx[2]
