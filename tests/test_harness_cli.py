@@ -296,3 +296,28 @@ async def test_doctor_rows_say_the_clis_run(clis) -> None:
     (cdx,) = await codex.doctor_check()
     assert claude[:2] == ("harness claude-code", True) and "2.1.197" in claude[2]
     assert cdx[:2] == ("harness codex", True) and "0.171.0" in cdx[2]
+
+
+@needs_bwrap
+@needs_node
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_cli_with_the_real_model_is_token_exact(harness: str, smol_engine, codec, clis) -> None:
+    """One real SmolLM2 call through each CLI's trimmed prompt (it fits 8K): whatever the model
+    says, the record is its exact tokens and the episode ends with a trainable exit."""
+    task = load_tasks("builtin:starter")[0]
+    started = time.perf_counter()
+    async with open_agent(harness, smol_engine, codec) as cli:
+        result = await run_episode(
+            task,
+            model(smol_engine, codec, f"smol-{harness}#0", max_tokens=8),
+            AgentConfig(max_turns=1, wall_time_s=300),
+            agent=cli,
+        )
+    assert result.exit_reason.trainable, result.error
+    assert result.metrics["model_calls"] == 1 and result.reward is not None
+    traj = result.trajectory
+    assert traj is not None and traj.drift is None and 0 < traj.num_model_tokens <= 8
+    print(
+        f"\nREAL {harness}: prompt {len(traj.prompt_ids)} tokens, exit {result.exit_reason}, "
+        f"wall {time.perf_counter() - started:.1f} s"
+    )

@@ -352,10 +352,12 @@ class CliAgent:
         """The one exit reason, from what the harness saw first-hand before what the CLI says."""
         if timed_out:
             return ExitReason.TIMEOUT_BUDGET, f"{self.name} overran the episode's wall time"
-        if scoped.refused or stated == ExitReason.MAX_TURNS:
+        if scoped.refused:
             return ExitReason.MAX_TURNS, None
         if session.context_full or any(s.ended for s in session.segments):
             return ExitReason.CONTEXT_LIMIT, None
+        if stated is not None:
+            return stated, None
         if rc == 0:
             return ExitReason.FINISHED, None
         if scoped.server_errors or session.engine_errors:

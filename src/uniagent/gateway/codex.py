@@ -125,8 +125,10 @@ class CodexAgent(CliAgent):
         )
 
     def outcome(self, stdout: str, rc: int | None) -> tuple[ExitReason | None, str | None]:
-        """`--json` prints events; the last `agent_message` item is the answer."""
-        answer = None
+        """`--json` prints events; the last `agent_message` item is the answer. A turn that failed
+        because the model's reply was cut by its token cap (`max_output_tokens`) ends the run:
+        as in the ReAct loop, an unusable reply is the policy's (format_errors)."""
+        answer, stated = None, None
         for line in stdout.splitlines():
             try:
                 event = json.loads(line)
@@ -140,7 +142,9 @@ class CodexAgent(CliAgent):
                 and isinstance(item.get("text"), str)
             ):
                 answer = item["text"]
-        return None, answer
+            if event.get("type") == "turn.failed" and "max_output_tokens" in json.dumps(event):
+                stated = ExitReason.FORMAT_ERRORS
+        return stated, answer
 
 
 async def doctor_check() -> list[tuple[str, bool | None, str]]:
