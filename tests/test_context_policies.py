@@ -17,7 +17,7 @@ import pytest
 
 from agent_helpers import call, make_swe_task_file, scripted_model
 from conftest import needs_bwrap
-from test_conversation import assert_every_generated_token_once
+from token_checks import assert_every_generated_token_once
 from uniagent.agent import AgentConfig, AgentInteraction, EpisodeResult, ExitReason
 from uniagent.agent.base import Episode
 from uniagent.agent.config import ContextConfig
