@@ -306,3 +306,32 @@ async def test_another_summarizers_tokens_are_in_no_segment(task: SweTask, codec
         == sum(len(ids) for ids, _ in made)
         == len(policy_tokens)
     )
+
+
+@needs_bwrap
+@pytest.mark.parametrize("follow", [False, True])
+async def test_reasoning_stripped_by_the_template_through_the_loop(
+    task: SweTask, codec: ChatCodec, follow: bool
+) -> None:
+    """A Qwen3-style template drops earlier reasoning once a user message follows (here the loop's
+    format-error reply). model.history exact: one segment, the model keeps its reasoning, drift of
+    kind `template`. model.history template: a `template` segment rendered as the template does.
+    Either way every generated token is stored once with mask 1."""
+    from token_checks import STRIPS_REASONING
+
+    qwenish = ChatCodec(codec.tokenizer, chat_template=STRIPS_REASONING)
+    made = Made()
+    script = ["<think>look before fixing</think>I will look first.", "<think>fix it</think>" + FIX[0], FIX[1]]
+    model = scripted_model(qwenish, script, made=made)
+    model.follow_template = follow
+    model.reset(model.request_id)
+    res = await run_episode(task, model)
+    assert res.exit_reason == ExitReason.FINISHED and res.resolved, res.error
+    assert_every_generated_token_once(res.segments, made)
+    if follow:
+        assert [s.reason for s in res.segments] == ["start", "template"]
+        assert "look before fixing" not in qwenish.decode(res.segments[1].prompt_ids)
+    else:
+        (seg,) = res.segments
+        assert seg.drift is not None and seg.drift_kind == "template"
+        assert "look before fixing" in qwenish.decode(seg.token_ids)
