@@ -321,3 +321,16 @@ async def test_cli_with_the_real_model_is_token_exact(harness: str, smol_engine,
         f"\nREAL {harness}: prompt {len(traj.prompt_ids)} tokens, exit {result.exit_reason}, "
         f"wall {time.perf_counter() - started:.1f} s"
     )
+
+
+@needs_node
+async def test_cli_agents_run_only_in_the_local_sandbox(codec, clis) -> None:
+    engine = script(codec, {})
+    task = load_tasks("builtin:starter")[0]
+    async with open_agent("codex", engine, codec) as cli:
+        result = await run_episode(
+            task, model(engine, codec, "x#0"), AgentConfig(), {"type": "host"}, agent=cli
+        )
+        assert result.exit_reason == ExitReason.INTERNAL_ERROR
+        assert "inside a local (bubblewrap) sandbox" in (result.error or "")
+        assert not any(cli.root.iterdir()), "no session dir is made for a refused sandbox"
