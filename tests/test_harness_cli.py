@@ -258,6 +258,22 @@ async def test_cli_exit_reasons(harness: str, codec, clis) -> None:
 @needs_bwrap
 @needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_a_crashing_cli_is_an_internal_error(harness: str, codec, clis, tmp_path: Path) -> None:
+    """A CLI that exits non-zero without a reason it explains (here: a flag it does not know) is
+    our infrastructure failing, not the policy: internal_error, not trainable, its output kept."""
+    config = tmp_path / "bad.yaml"
+    config.write_text("preset: trimmed\nargs: [--uniagent-no-such-flag]\n")
+    task = load_tasks("builtin:starter")[0]
+    engine = script(codec, {"crash#0": ["never generated"]})
+    crashed = await episode(f"{harness}:{config}", engine, codec, task, "crash#0", wall_time_s=120)
+    assert crashed.exit_reason == ExitReason.INTERNAL_ERROR, (crashed.exit_reason, crashed.error)
+    assert not crashed.exit_reason.trainable and crashed.reward is None
+    assert "no-such-flag" in (crashed.error or ""), crashed.error
+
+
+@needs_bwrap
+@needs_node
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
 def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: ChatCodec, clis) -> None:
     """`uniagent run --agent claude-code|codex`: the same tasks, verifier, store and exit reasons."""
     task = load_tasks("builtin:starter")[1]
