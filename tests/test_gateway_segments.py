@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 from token_checks import REFUSES_BOOM, Gen, assert_every_generated_token_once
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.gateway import Gateway
-from uniagent.gateway.harness import _attach_trajectory
+from uniagent.gateway.harness import attach_segments
 from uniagent.gateway.server import GatewayServer
 from uniagent.models.base import Generation
 from uniagent.models.replay import ReplayEngine, ReplayRecord
@@ -250,7 +250,7 @@ async def test_a_generation_whose_client_went_away_is_counted_as_untrainable(smo
             # The harness episode's metrics carry the counter.
             session = server.gateway.sessions.get(sid)
             result = EpisodeResult([], None, ExitReason.CANCELLED, None, {})
-            await _attach_trajectory(session, result)
+            await attach_segments(session, result)
             assert result.metrics["untrainable_tokens"] == summary["untrainable_tokens"]
             assert result.metrics["dropped_generations"] == 1 and result.segments == []
     finally:

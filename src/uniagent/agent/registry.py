@@ -25,7 +25,7 @@ from uniagent.tokens import ChatCodec
 # One line per agent kind.
 AGENTS: dict[str, str] = {
     "react": "uniagent.agent.react:ReactAgent",
-    "mini-swe-agent": "uniagent.gateway.harness:MiniSweAgent",
+    "mini-swe-agent": "uniagent.gateway.mini_swe_agent:MiniSweAgent",
     "claude-code": "uniagent.gateway.claude_code:ClaudeCodeAgent",
     "codex": "uniagent.gateway.codex:CodexAgent",
 }

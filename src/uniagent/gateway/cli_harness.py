@@ -20,8 +20,8 @@ loopback port inside the sandbox's namespace to the socket. A probe of any other
 
 What a harness adds (`CliAgent` subclasses, one module each): the CLI's command line and
 environment, its config files, and how its output says it ended. The rest is shared with
-mini-swe-agent's harness (gateway/harness.py): a gateway session per episode with trusted
-sampling, finalize, the verifier in the sandbox, `_attach_trajectory`.
+the harness agents (gateway/harness.py): a gateway session per episode with trusted
+sampling, finalize, the verifier in the sandbox, `attach_segments`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from uniagent.agent.base import Episode
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import _attach_trajectory, _verify, open_session
+from uniagent.gateway.harness import attach_segments, open_session, verify
 from uniagent.gateway.sessions import Session
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.procs import quote
@@ -286,7 +286,7 @@ class CliAgent:
                 (session_dir / name).write_text(text)
             result = await self._run_cli(episode, session, scoped, session_dir, token)
             if result.exit_reason.trainable:
-                await _verify(task, sb, result, agent)
+                await verify(task, sb, result, agent)
             if session.state == "open":
                 session.state = "finalized"
                 session.reward = result.reward.value if result.reward else None
@@ -333,7 +333,7 @@ class CliAgent:
         messages = list(session.segments[-1].messages) if session.segments else task.messages()
         result = EpisodeResult(messages, None, reason, None, metrics, error=error)
         result.answer = answer if reason == ExitReason.FINISHED else None
-        await _attach_trajectory(session, result)
+        await attach_segments(session, result)
         return self._finish(result)
 
     def _finish(self, result: EpisodeResult) -> EpisodeResult:
