@@ -45,7 +45,8 @@ from uniagent.agent.base import Episode
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, open_session, verify
+from uniagent.gateway.harness import attach_segments, finish_session, open_session
+from uniagent.gateway.server import InProcessServer
 from uniagent.gateway.sessions import Session
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.procs import quote
@@ -155,7 +156,7 @@ async def _reply(send: Any, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": raw})
 
 
-class SessionSocket:
+class SessionSocket(InProcessServer):
     """uvicorn serving a `ScopedApp` on `<dir>/gw.sock` in this event loop."""
 
     def __init__(self, directory: Path, app: ScopedApp) -> None:
@@ -168,28 +169,11 @@ class SessionSocket:
             timeout_keep_alive=300,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
-        self._task: asyncio.Task[None] | None = None
+        self._task = None
 
     async def start(self) -> SessionSocket:
-        self._task = asyncio.create_task(self.server._serve())
-        while not self.server.started:
-            if self._task.done():
-                raise SandboxError(
-                    f"the session socket {self.path} did not start: {self._task.exception()!r}"
-                )
-            await asyncio.sleep(0.01)
+        await self._serve(f"the session socket {self.path}", SandboxError)
         return self
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self.server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), 10)
-        except TimeoutError:
-            self.server.force_exit = True
-            self._task.cancel()
-        self._task = None
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -285,11 +269,7 @@ class CliAgent:
             for name, text in self.files(session_dir, f"/sessions/{session.id}", episode).items():
                 (session_dir / name).write_text(text)
             result = await self._run_cli(episode, session, scoped, session_dir, token)
-            if result.exit_reason.trainable:
-                await verify(task, sb, result, agent)
-            if session.state == "open":
-                session.state = "finalized"
-                session.reward = result.reward.value if result.reward else None
+            await finish_session(session, task, sb, result, agent)
             return result
         finally:
             await sock.stop()

@@ -80,3 +80,15 @@ async def attach_segments(session: Session, result: EpisodeResult) -> None:
 async def verify(task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig) -> None:
     """The task's verifier in the sandbox, with the ReAct loop's failure semantics."""
     await verify_episode(task.score, sb, result, agent.verifier_timeout_s)
+
+
+async def finish_session(
+    session: Session, task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig
+) -> None:
+    """A harness episode's end: the task's verifier in the sandbox (a trainable exit only), then
+    the session finalized with the reward, unless it was already aborted or closed."""
+    if result.exit_reason.trainable:
+        await verify(task, sb, result, agent)
+    if session.state == "open":
+        session.state = "finalized"
+        session.reward = result.reward.value if result.reward else None

@@ -30,7 +30,7 @@ from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, open_session, task_text, verify
+from uniagent.gateway.harness import attach_segments, finish_session, open_session, task_text
 from uniagent.gateway.mini_environment import SandboxEnvironment
 from uniagent.gateway.server import GatewayServer
 from uniagent.gateway.sessions import Session
@@ -196,11 +196,7 @@ async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> Epis
         parts = [*uname.output.splitlines(), "", "", "", ""][:4]
         template_vars = dict(zip(("system", "release", "version", "machine"), parts, strict=True))
         result = await _run_mini(harness, session, task, sb, agent, template_vars, metrics)
-        if result.exit_reason.trainable:
-            await verify(task, sb, result, agent)
-        if session.state == "open":
-            session.state = "finalized"
-            session.reward = result.reward.value if result.reward else None
+        await finish_session(session, task, sb, result, agent)
         return result
     finally:
         if session is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from uniagent.errors import UniAgentError
 from uniagent.gateway.app import Gateway, check_bind
@@ -12,7 +13,34 @@ from uniagent.gateway.app import Gateway, check_bind
 log = logging.getLogger(__name__)
 
 
-class GatewayServer:
+class InProcessServer:
+    """A uvicorn server run as a task of the running event loop. Signals are left to the host
+    program (uvicorn's own `serve()` would take over SIGINT/SIGTERM). Shared by the gateway's
+    server and the per-episode session sockets of the CLI harnesses."""
+
+    server: Any
+    _task: asyncio.Task[None] | None = None
+
+    async def _serve(self, what: str, error: type[Exception] = UniAgentError) -> None:
+        self._task = asyncio.create_task(self.server._serve())
+        while not self.server.started:
+            if self._task.done():
+                raise error(f"{what} could not start: {self._task.exception()!r}")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 10)
+        except TimeoutError:
+            self.server.force_exit = True
+            self._task.cancel()
+        self._task = None
+
+
+class GatewayServer(InProcessServer):
     """uvicorn serving `gateway.app` as a task of the running event loop.
 
     `port=0` picks a free port; `base_url` is known once `start()` returns.
@@ -47,28 +75,11 @@ class GatewayServer:
         return f"{self.url}/sessions/{session_id}/v1"
 
     async def start(self) -> GatewayServer:
-        # In-process: leave signals to the host program (uvicorn would take over SIGINT/SIGTERM).
-        self._task = asyncio.create_task(self.server._serve())
-        while not self.server.started:
-            if self._task.done():
-                exc = self._task.exception()
-                raise UniAgentError(f"the gateway could not start on {self.host}:{self.port}: {exc!r}")
-            await asyncio.sleep(0.01)
+        await self._serve(f"the gateway on {self.host}:{self.port}")
         sockets = self.server.servers[0].sockets if self.server.servers else []
         if sockets:
             self.port = sockets[0].getsockname()[1]
         return self
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self.server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), 10)
-        except TimeoutError:
-            self.server.force_exit = True
-            self._task.cancel()
-        self._task = None
 
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
