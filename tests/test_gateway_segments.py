@@ -20,6 +20,7 @@ import httpx
 import pytest_asyncio
 from openai import AsyncOpenAI
 
+from test_gateway import BASH
 from token_checks import REFUSES_BOOM, Gen, assert_every_generated_token_once
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.gateway import Gateway
@@ -31,18 +32,6 @@ from uniagent.tokens import ChatCodec, Trajectory
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 TASK = {"role": "user", "content": "Fix the bug in calc.py."}
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a bash command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
 
 
 def bash(command: str) -> str:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from conftest import needs, needs_bwrap
+from test_gateway_harness import script
 from uniagent.agent import AgentConfig
 from uniagent.agent.registry import open_agent
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
@@ -30,7 +31,7 @@ from uniagent.gateway.app import Gateway
 from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir
 from uniagent.gateway.sessions import SessionConfig
 from uniagent.models.base import Generation, SamplingParams
-from uniagent.models.replay import ReplayEngine, ReplayRecord
+from uniagent.models.replay import ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.sandbox.base import Sandbox
@@ -61,15 +62,6 @@ def call(harness: str, command: str, thought: str = "") -> str:
     name, arg = TOOL[harness]
     body = json.dumps({"name": name, "arguments": {arg: command}})
     return f"{thought}<tool_call>\n{body}\n</tool_call>"
-
-
-def script(codec: ChatCodec, turns: dict[str, list[str]]) -> ReplayEngine:
-    records = []
-    for rid, texts in turns.items():
-        for i, text in enumerate(texts):
-            ids = codec.encode(text) + codec.eot_ids
-            records.append(ReplayRecord(rid, Generation(ids, [-0.25] * len(ids), "stop"), i, None, "0" * 64))
-    return ReplayEngine(records, match="request", strict=False)
 
 
 def model(engine, codec: ChatCodec, rid: str, max_tokens: int = 512) -> TokenChatModel:
