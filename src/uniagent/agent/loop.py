@@ -29,6 +29,7 @@ from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.errors import EngineError, SandboxDeadError, SandboxError
 from uniagent.models.base import ChatModel
 from uniagent.sandbox.base import Sandbox
+from uniagent.tokens.drift import episode_drift
 from uniagent.tools.base import Tool, ToolResult
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class AgentInteraction:
             log.warning("could not finish the token trajectory: %s", exc)
             result.metrics["trajectory_error"] = str(exc)
             return list(self.model.segments)
-        result.metrics["drift"] = next((t.drift for t in segments if t.drift is not None), None)
+        result.metrics["drift"] = episode_drift(segments).index  # the stored row's rule
         if len(segments) > 1:
             result.metrics["segments"] = len(segments)
         return segments

@@ -19,6 +19,7 @@ from uniagent.agent.result import EpisodeResult
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import Session, SessionConfig
 from uniagent.sandbox.base import Sandbox
+from uniagent.tokens.drift import episode_drift
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,8 @@ async def attach_segments(session: Session, result: EpisodeResult) -> None:
         log.warning("could not finish the harness trajectory: %s", exc)
         result.metrics["trajectory_error"] = str(exc)
         return
-    traj = trajs[-1]
     result.segments = trajs
-    result.metrics["drift"] = traj.drift
+    result.metrics["drift"] = episode_drift(trajs).index  # the stored row's rule, as in the loop
     result.metrics["segments"] = len(trajs)
     result.metrics["segment_drifts"] = [t.drift for t in trajs]
     result.metrics["prompt_tokens"] = max(len(t.prompt_ids) for t in trajs)
