@@ -32,10 +32,16 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    # The policy version that sampled each token (`LocalEngine.version` at sampling time). A generation
+    # interrupted by a weight update and resumed (partial rollout) holds tokens of several versions.
+    # `None`: the engine does not know (remote servers); the record then says "unknown", never a guess.
+    versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"Generation has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
+        if self.versions is not None and len(self.versions) != len(self.token_ids):
+            raise ValueError(f"Generation has {len(self.token_ids)} tokens but {len(self.versions)} versions")
 
 
 @runtime_checkable

@@ -94,6 +94,22 @@ class RolloutCorrectionSection(BaseModel):
         return f"{self.rollout_is_threshold_lower}_{self.rollout_is_threshold}"
 
 
+class FilterGroupsSection(BaseModel):
+    """DAPO dynamic sampling (verl `algorithm.filter_groups`): a group whose episodes all scored the
+    same has zero advantage everywhere and trains nothing, so it is dropped and more groups are
+    sampled until a step has `trainer.tasks_per_step` groups with signal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(False, description="drop zero-variance groups, over-sample")
+    metric: Literal["reward", "resolved"] = Field(
+        "reward", description="what must vary within a group (verl filter_groups.metric: score / acc)"
+    )
+    max_num_gen_batches: int = Field(
+        10, ge=0, description="sync: rollout batches per step at most (0: no cap)"
+    )
+
+
 class AlgoSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -113,6 +129,18 @@ class AlgoSection(BaseModel):
     rollout_correction: RolloutCorrectionSection = Field(
         default_factory=RolloutCorrectionSection,
         description="truncated importance sampling for the rollout engine vs trainer logprob gap",
+    )
+    filter_groups: FilterGroupsSection = Field(default_factory=FilterGroupsSection)
+    overlong_filter: bool = Field(
+        False,
+        description="DAPO overlong filtering: episodes cut by a length limit (a turn hit max_tokens, or "
+        "context_limit) stay in their group's baseline but get no gradient",
+    )
+    unfinished: Literal["count", "baseline_only", "drop"] = Field(
+        "count",
+        description="episodes that did not finish (max_turns, context_limit, format_errors, timeout_budget): "
+        "count = trained with their reward and in the baseline (verl); baseline_only = in the group's "
+        "mean/std, no gradient; drop = left out of the group. Infrastructure failures are always left out.",
     )
 
     # Names verl resolves only when the first update runs: checked here, before any rollout.
@@ -160,6 +188,28 @@ class TrainerSection(BaseModel):
         ge=0.0,
         le=1.0,
         description="a step whose episodes are infrastructure failures beyond this share stops training",
+    )
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: rollout then update, never overlapping; async: rollouts run continuously while "
+        "the trainer consumes finished groups (verl fully_async)",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="async: a group may start at most this many policy versions before the update that "
+        "trains on it (verl async_training.staleness_threshold, in versions); 0 = on-policy",
+    )
+    partial_rollout: bool = Field(
+        True,
+        description="async: at a weight update, in-flight generations are interrupted and resumed under the "
+        "new weights (verl async_training.partial_rollout); False: the update waits for them to finish",
+    )
+    engine_threads: int | None = Field(
+        None, ge=1, description="async: torch threads of the rollout engine (default: half the cores, >= 1)"
+    )
+    trainer_threads: int | None = Field(
+        None, ge=1, description="async: torch threads of the update (default: the other half, >= 1)"
     )
 
 
