@@ -185,3 +185,49 @@ def test_a_history_the_template_cannot_render_keeps_its_tokens_with_drift_zero(c
     assert (seg.drift, seg.drift_kind) == (0, "bookkeeping") and seg.num_turns == 2
     assert "cannot render boom" in (conv.segments[0].drift_error or "")
     assert_every_generated_token_once([seg], gen)
+
+
+def test_policy_versions_follow_each_generation_into_its_segment(codec, gen) -> None:
+    """Versions ride with the tokens through extend, rollback and a new chain: each generation's
+    tokens carry their own versions (one was interrupted by a weight update: [1, 1, 2, ...]),
+    context tokens -1; a segment that gets one generation without versions says unknown."""
+    conv = TokenConversation(codec)
+    made: list[tuple[list[int], list[int]]] = []
+
+    def step(messages: list[dict[str, Any]], text: str, version: int, bump_at: int | None = None):
+        plan = conv.plan(messages)
+        ids, lps = gen(text)
+        versions = [version + (bump_at is not None and k >= bump_at) for k in range(len(ids))]
+        made.append((ids, versions))
+        reply = conv.commit(plan, ids, lps, "stop", versions)
+        message = {"role": "assistant", "content": reply.text}
+        conv.add_reply(reply, message)
+        return plan, message
+
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "count"}]
+    _, a1 = step(msgs, "one two three", 0)
+    msgs += [a1, {"role": "user", "content": "more"}]
+    step(msgs, "four five six", 1, bump_at=2)  # partial rollout: the update landed mid-turn
+    msgs += [{"role": "assistant", "content": "edited"}, {"role": "user", "content": "more"}]
+    plan, _ = step(msgs, "seven", 2)  # rollback: a new segment
+    assert plan.reason == "rollback"
+    other = [{"role": "user", "content": "something else"}]
+    plan = conv.plan(other)
+    conv.add_reply(conv.commit(plan, *gen("no versions")), {"role": "assistant", "content": "x"})
+    first, second, third = conv.finish()
+    assert [s.reason for s in (first, second, third)] == ["start", "rollback", "rewritten"]
+    for seg in (first, second):
+        seg.validate()
+        assert len(seg.response_versions) == len(seg.response_ids)
+        model = [s for s in seg.spans if s.kind == "model"]
+        for span in seg.spans:
+            got = seg.response_versions[span.start : span.end]
+            if span.kind == "context":
+                assert set(got) == {-1}
+            else:
+                ids = seg.response_ids[span.start : span.end]
+                assert (ids, got) in made
+        assert len(model) == seg.num_turns
+    assert first.version_range == (0, 2) and second.version_range == (2, 2)
+    assert third.response_versions == [] and third.version_range is None
+    assert_every_generated_token_once([first, second, third], gen)

@@ -77,7 +77,7 @@ class TokenChatModel:
             sampling = sampling.model_copy(update={"max_tokens": max(1, max_tokens)})
         generation = await self.engine.generate(plan.prompt_ids, sampling, self.request_id)
         reply = self.conversation.commit(
-            plan, generation.token_ids, generation.logprobs, generation.finish_reason
+            plan, generation.token_ids, generation.logprobs, generation.finish_reason, generation.versions
         )
         turn = self._turn(reply.text, tools, generation.finish_reason)
         self.conversation.add_reply(reply, turn.message)

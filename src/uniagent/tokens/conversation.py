@@ -210,9 +210,15 @@ class TokenConversation:
         return messages, self.template_tools(tools)
 
     def commit(
-        self, plan: Plan, token_ids: list[int], logprobs: list[float], finish_reason: str = "stop"
+        self,
+        plan: Plan,
+        token_ids: list[int],
+        logprobs: list[float],
+        finish_reason: str = "stop",
+        versions: list[int] | None = None,
     ) -> Reply:
-        """Record a successful generation for `plan`; the reply's message comes via `add_reply`."""
+        """Record a successful generation for `plan` (`versions`: the policy version of each token,
+        None if the engine does not say); the reply's message comes via `add_reply`."""
         seg = plan.segment
         if seg is None:
             traj = Trajectory(prompt_ids=list(plan.prompt_ids), reason=plan.reason, chain=plan.chain)
@@ -231,7 +237,7 @@ class TokenConversation:
         new_keys = new_messages if plan.keys is plan.messages else copy.deepcopy(plan.keys[n:])
         seg.keys.extend(new_keys)
         seg.messages.extend(new_messages)
-        seg.trajectory.add_generation(token_ids, logprobs, finish_reason)
+        seg.trajectory.add_generation(token_ids, logprobs, finish_reason, versions)
         stopped = bool(token_ids) and token_ids[-1] in self.stop_ids
         seg.cut_turn = not stopped
         text = self.codec.decode(token_ids[:-1] if stopped else token_ids)

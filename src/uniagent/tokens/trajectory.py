@@ -3,6 +3,11 @@
 Model tokens are stored as the engine returned them and never re-tokenized from text; context
 tokens (tool results, user turns, turn boundaries) come from the codec. The response mask says
 which is which, and the trainer sees exactly this.
+
+Each response token also carries the policy version that produced it (`response_versions`): an
+asynchronous trainer samples with weights that lag behind the ones it trains, and a generation
+interrupted by a weight update (partial rollout) holds tokens of two versions. The trainer needs
+the age of every sample to bound and report staleness; the record needs it to be reproducible.
 """
 
 from __future__ import annotations
@@ -53,11 +58,17 @@ class TurnSpan:
 
 @dataclass
 class Trajectory:
-    """Prompt ids, response ids, response mask (1 = model token), logprobs, spans and drift.
+    """Prompt ids, response ids, response mask (1 = model token), logprobs, versions, spans, drift.
 
     One trajectory is one *segment* of an episode: an exact, append-only token sequence.
     `reason` says why it began and `chain` which linear conversation it belongs to (a gateway
-    session may hold several)."""
+    session may hold several).
+
+    `response_versions` is aligned with `response_ids`: the policy version that sampled a model
+    token, -1 for a context token. An empty list means *unknown*: the engine reported no versions
+    (`Generation.versions is None`, e.g. a remote server). Versions are all or nothing per
+    segment: once one generation comes without them the list is cleared and stays empty for the
+    rest of the segment, so a known version is never next to a guessed one."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
@@ -70,20 +81,34 @@ class Trajectory:
     reason: str = "start"
     chain: int = 0
     drift_kind: str | None = None
+    response_versions: list[int] = field(default_factory=list)
 
     # -- building -------------------------------------------------------------------------
     def add_generation(
-        self, token_ids: list[int], logprobs: list[float], finish_reason: str = "stop"
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        finish_reason: str = "stop",
+        versions: list[int] | None = None,
     ) -> None:
-        """Append one model turn exactly as generated (mask 1)."""
+        """Append one model turn exactly as generated (mask 1), with the policy version of each
+        token (`None`: unknown, which makes the whole segment's versions unknown)."""
         if len(token_ids) != len(logprobs):
             raise TrajectoryError(f"{len(token_ids)} generated tokens but {len(logprobs)} logprobs")
+        if versions is not None and len(versions) != len(token_ids):
+            raise TrajectoryError(f"{len(token_ids)} generated tokens but {len(versions)} versions")
+        if versions is None:
+            self.response_versions = []
+        elif self.versions_known:
+            self.response_versions.extend(int(v) for v in versions)
         self._append(list(token_ids), [float(x) for x in logprobs], "model", self.num_turns, "assistant")
         self.num_turns += 1
         self.finish_reasons.append(finish_reason)
 
     def add_context(self, token_ids: list[int], role: str = "context") -> None:
-        """Append tokens the model did not generate (mask 0, logprob 0.0)."""
+        """Append tokens the model did not generate (mask 0, logprob 0.0, version -1)."""
+        if self.versions_known:
+            self.response_versions.extend([-1] * len(token_ids))
         self._append(list(token_ids), [0.0] * len(token_ids), "context", self.num_turns, role)
 
     def _append(self, ids: list[int], logprobs: list[float], kind: SpanKind, turn: int, role: str) -> None:
@@ -105,6 +130,19 @@ class Trajectory:
     def num_model_tokens(self) -> int:
         return sum(self.response_mask)
 
+    @property
+    def versions_known(self) -> bool:
+        """Whether every response token has its version (trivially so for an empty response)."""
+        return len(self.response_versions) == len(self.response_ids)
+
+    @property
+    def version_range(self) -> tuple[int, int] | None:
+        """(oldest, newest) policy version of the model tokens; None when unknown or none."""
+        if not self.versions_known:
+            return None
+        model = [v for v, m in zip(self.response_versions, self.response_mask, strict=True) if m]
+        return (min(model), max(model)) if model else None
+
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
@@ -118,6 +156,12 @@ class Trajectory:
             )
         if any(m not in (0, 1) for m in self.response_mask):
             raise TrajectoryError("response_mask may hold only 0 and 1")
+        if self.response_versions and len(self.response_versions) != n:
+            raise TrajectoryError(
+                f"response has {n} ids but {len(self.response_versions)} versions; "
+                "they must be equal (or no versions: unknown)"
+            )
+        versions = self.response_versions or None
         pos = 0
         for span in self.spans:
             if span.start != pos or span.end <= span.start:
@@ -131,6 +175,12 @@ class Trajectory:
                 lp != 0.0 for lp in self.response_logprobs[span.start : span.end]
             ):
                 raise TrajectoryError(f"context span [{span.start}, {span.end}) has non-zero logprobs")
+            if versions is not None:
+                bad = [v for v in versions[span.start : span.end] if (v < 0) == (span.kind == "model")]
+                if bad:
+                    want = "a version >= 0" if span.kind == "model" else "version -1"
+                    where = f"{span.kind} span [{span.start}, {span.end})"
+                    raise TrajectoryError(f"{where} needs {want}, has {bad[0]}")
             pos = span.end
         if pos != n:
             raise TrajectoryError(f"spans cover {pos} of {n} response tokens")
@@ -155,6 +205,7 @@ class Trajectory:
             "reason": self.reason,
             "chain": self.chain,
             "drift_kind": self.drift_kind,
+            "response_versions": list(self.response_versions),
         }
 
     @classmethod
@@ -172,6 +223,7 @@ class Trajectory:
                 reason=str(data.get("reason", "start")),
                 chain=int(data.get("chain", 0)),
                 drift_kind=data.get("drift_kind"),
+                response_versions=[int(v) for v in data.get("response_versions") or []],
             )
         except (KeyError, TypeError) as exc:
             raise TrajectoryError(f"not a trajectory dict: {exc}") from exc
@@ -189,4 +241,5 @@ class Trajectory:
             "drift": self.drift,
             "drift_kind": self.drift_kind,
             "reason": self.reason,
+            "versions": self.version_range,
         }
