@@ -87,3 +87,50 @@ async def test_tools_go_to_the_system_prompt_when_template_lacks_them(codec):
     prompt = codec.decode(chat.trajectory.prompt_ids)
     assert not codec.renders_tool_calls
     assert "bash" in prompt and "<tool_call>" in prompt
+
+
+class VersionedEngine:
+    """Scripted like `ScriptedEngine`, and it says which policy version sampled each token: turn 1
+    all version 0; turn 2 interrupted by a weight update halfway (partial rollout: 0 ... 0 1 ... 1)."""
+
+    def __init__(self, codec, texts):
+        self.codec = codec
+        self.texts = list(texts)
+        self.turn = 0
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        ids = self.codec.encode(self.texts.pop(0)) + self.codec.eot_ids
+        half = len(ids) // 2 if self.turn else len(ids)
+        self.turn += 1
+        versions = [0] * half + [1] * (len(ids) - half)
+        return Generation(ids, [-0.5] * len(ids), "stop", versions)
+
+
+async def _two_turns(chat):
+    messages = [{"role": "user", "content": "go"}]
+    turn = await chat.query(messages, TOOLS)
+    messages += [turn.message, {"role": "tool", "content": "a.py", "tool_call_id": turn.tool_calls[0].id}]
+    messages.append((await chat.query(messages, TOOLS)).message)
+    (traj,) = chat.finish(messages, TOOLS)
+    return traj
+
+
+async def test_policy_versions_reach_the_record_and_survive_record_replay(codec, tmp_path):
+    from uniagent.models.replay import RecordingEngine, ReplayEngine
+
+    texts = ['<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', "The file is a.py."]
+    recorder = RecordingEngine(VersionedEngine(codec, texts))
+    traj = await _two_turns(TokenChatModel(recorder, codec, get_parser("hermes"), request_id="ep"))
+    first, second = [s for s in traj.spans if s.kind == "model"]
+    versions = traj.response_versions
+    assert len(versions) == len(traj.response_ids)
+    assert set(versions[first.start : first.end]) == {0}
+    turn2 = versions[second.start : second.end]
+    assert turn2 == sorted(turn2) and set(turn2) == {0, 1}  # interrupted mid-turn
+    assert all(v == -1 for v, m in zip(versions, traj.response_mask, strict=True) if not m)
+    assert traj.version_range == (0, 1)
+    # A recording keeps the versions, and its replay gives the same record.
+    recorder.save(tmp_path / "rec.jsonl")
+    replay = ReplayEngine(tmp_path / "rec.jsonl")
+    again = await _two_turns(TokenChatModel(replay, codec, get_parser("hermes"), request_id="ep"))
+    assert again.response_versions == versions and again.response_ids == traj.response_ids

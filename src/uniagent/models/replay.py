@@ -92,6 +92,8 @@ class ReplayRecord:
             "logprobs": self.generation.logprobs,
             "finish_reason": self.generation.finish_reason,
         }
+        if self.generation.versions is not None:
+            data["generation"]["versions"] = self.generation.versions
         return data
 
     @classmethod
@@ -99,7 +101,9 @@ class ReplayRecord:
         gen = data["generation"]
         return cls(
             request_id=str(data["request_id"]),
-            generation=Generation(list(gen["token_ids"]), list(gen["logprobs"]), gen["finish_reason"]),
+            generation=Generation(
+                list(gen["token_ids"]), list(gen["logprobs"]), gen["finish_reason"], gen.get("versions")
+            ),
             turn=int(data.get("turn", 0)),
             prompt_ids=data.get("prompt_ids"),
             prompt_hash=data.get("prompt_hash", ""),
@@ -139,7 +143,10 @@ def save_records(
 
 
 def _copy(generation: Generation) -> Generation:
-    return Generation(list(generation.token_ids), list(generation.logprobs), generation.finish_reason)
+    versions = None if generation.versions is None else list(generation.versions)
+    return Generation(
+        list(generation.token_ids), list(generation.logprobs), generation.finish_reason, versions
+    )
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
