@@ -73,12 +73,16 @@ class Harness:
 async def harness(codec: ChatCodec) -> AsyncIterator[Any]:
     servers: list[GatewayServer] = []
 
-    async def start(texts: list[str], gateway_codec: ChatCodec | None = None) -> Harness:
+    async def start(
+        texts: list[str], gateway_codec: ChatCodec | None = None, versions: list[int] | None = None
+    ) -> Harness:
+        """`versions`: the policy version each generation's tokens carry (default: none given)."""
         gen = Gen(codec)
-        records = [
-            ReplayRecord("h", Generation(*gen(text), "stop"), i, None, "0" * 64)
-            for i, text in enumerate(texts)
-        ]
+        records = []
+        for i, text in enumerate(texts):
+            ids, lps = gen(text)
+            tags = None if versions is None else [versions[i]] * len(ids)
+            records.append(ReplayRecord("h", Generation(ids, lps, "stop", tags), i, None, "0" * 64))
         engine = ReplayEngine(records, match="request", strict=False)
         server = await GatewayServer(Gateway(engine, gateway_codec or codec)).start()
         servers.append(server)
@@ -269,3 +273,21 @@ async def test_a_generation_cut_by_an_abort_is_counted_and_nothing_is_recorded(c
         assert [s["turns"] for s in summary["segments"]] == [1]
     finally:
         await server.stop()
+
+
+async def test_policy_versions_pass_through_the_gateway_into_each_segment(harness, codec) -> None:
+    """A harness agent in the trainer talks to the embedded engine through the gateway: the
+    version of every generated token reaches the session's segments (context tokens -1)."""
+    h = await harness(["I will read calc.py.", "It subtracts.", "Fixed."], versions=[4, 4, 5])
+    history = [SYSTEM, TASK]
+    a1 = await h.send(history)
+    history += [a1, {"role": "user", "content": "What did you find?"}]
+    await h.send(history)
+    edited = {"role": "assistant", "content": "It subtracts (edited)."}
+    await h.send([*history, edited, {"role": "user", "content": "Go on."}])  # a rollback segment
+    first, second = await h.segments()
+    assert second.reason == "rollback"
+    for seg in (first, second):
+        assert len(seg.response_versions) == len(seg.response_ids)
+        assert all((v >= 0) == bool(m) for v, m in zip(seg.response_versions, seg.response_mask, strict=True))
+    assert first.version_range == (4, 4) and second.version_range == (5, 5)

@@ -267,7 +267,8 @@ class Gateway:
     def _redacted(self, traj: dict[str, Any]) -> dict[str, Any]:
         clean = self.redactor.trajectory(traj, self.codec)
         if clean is None:  # a secret survived token-level replacement: no ids leave at all
-            empty = {"prompt_ids": [], "response_ids": [], "response_mask": [], "response_logprobs": []}
+            keys = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions")
+            empty: dict[str, Any] = {k: [] for k in keys}
             clean = {**traj, **empty, "spans": [], "drift": 0, "secret_redacted": True}
         return clean
 

@@ -323,8 +323,9 @@ class Session:
 
     def commit(self, plan: Plan, generation: Generation) -> Turn:
         """Record a successful generation in the conversation; build the assistant turn."""
+        gen = generation
         reply = self.conversation.commit(
-            plan.step, generation.token_ids, generation.logprobs, generation.finish_reason
+            plan.step, gen.token_ids, gen.logprobs, gen.finish_reason, gen.versions
         )
         text = reply.text
         calls: list[ToolCall] = []
