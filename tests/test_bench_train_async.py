@@ -1,0 +1,197 @@
+"""bench/train_async.py's summary, verdicts and figure on crafted `metrics.jsonl` files (no model: the
+training runs are the bench's job), and its child-process path on a config the real `uniagent train`
+rejects (seconds)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from uniagent.train.outputs import plot_comparison, plot_rewards, staleness_totals, wall_clock
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scripts do
+
+import train_async  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def rows(mode: str, step_s: float, rewards: list[float], **extra: object) -> list[dict]:
+    """Metrics rows as the trainer writes them: stamped at each step's end, 12 episodes a step."""
+    out, now = [], 1000.0
+    for i, reward in enumerate(rewards, 1):
+        now += step_s
+        row = {
+            "step": i,
+            "mode": mode,
+            "reward_mean": reward,
+            "episodes": 12,
+            "untrainable": 0,
+            "episodes_trained": 12,
+            "rollout_tokens_per_s": 40.0 if mode == "sync" else 30.0,
+            "rollout_s": 0.75 * step_s,
+            "update_s": 0.25 * step_s,
+            "step_s": step_s,
+            "time": now,
+            **extra,
+        }
+        out.append(row)
+    return out
+
+
+def write(directory: Path, metrics: list[dict]) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return directory
+
+
+RISING = [0.1, 0.15, 0.1, 0.2, 0.4, 0.5, 0.55, 0.6]
+
+
+def lines(out: str) -> dict[tuple[str, str | None], dict]:
+    parsed = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert all(p["bench"] == "train_async" for p in parsed)
+    return {(p["figure"], p.get("mode")): p for p in parsed}
+
+
+def async_rows(step_s: float = 50.0, rewards: list[float] = RISING) -> list[dict]:
+    return rows(
+        "async",
+        step_s,
+        rewards,
+        staleness_hist={"0": 8, "1": 4},
+        trainer_idle_frac=0.1,
+        engine_idle_frac=0.2,
+    )
+
+
+def test_from_two_runs_prints_each_figure_the_ratio_and_writes_png_and_summary(tmp_path, capsys):
+    sync = write(tmp_path / "s", rows("sync", 100.0, RISING))
+    asyn = write(tmp_path / "a", async_rows())
+    out = tmp_path / "out"
+    summary = train_async.main(["--from", str(sync), str(asyn), "--out", str(out)])
+    got = lines(capsys.readouterr().out)
+
+    assert got[("wall_per_step_s", "sync")]["value"] == pytest.approx(100.0)
+    assert got[("wall_per_step_s", "async")]["value"] == pytest.approx(50.0)
+    assert got[("train_wall_s", "async")]["value"] == pytest.approx(400.0)
+    ratio = got[("sync_vs_async_wall_per_step", None)]
+    assert ratio["value"] == pytest.approx(2.0) and ratio["goal"] == 1.5 and ratio["met"] is True
+    assert got[("rollout_tokens_per_s_median", "sync")]["value"] == 40.0
+    # sync rows without idle keys: derived from the phases (the trainer waits through the rollout)
+    assert got[("trainer_idle_frac_mean", "sync")]["value"] == pytest.approx(0.75)
+    assert got[("engine_idle_frac_mean", "sync")]["value"] == pytest.approx(0.25)
+    assert got[("trainer_idle_frac_mean", "async")]["value"] == pytest.approx(0.1)
+    # 8 steps: windows of 2 steps; (0.1 + 0.15) / 2 -> (0.55 + 0.6) / 2
+    assert got[("reward_first", "sync")]["value"] == pytest.approx(0.125)
+    assert got[("reward_last", "async")]["value"] == pytest.approx(0.575)
+    assert got[("reward_rises", "async")]["value"] is True
+    assert got[("episodes_trained", "sync")]["value"] == 96
+    assert got[("reward_gain_per_100_episodes", "sync")]["value"] == pytest.approx(
+        45 / 96, abs=1e-4
+    )  # printed to 4 decimals
+    assert got[("staleness_hist", "async")]["value"] == {"0": 64, "1": 32}
+    assert got[("staleness_max", "async")]["value"] == 1
+    assert got[("staleness_hist", "sync")]["value"] == {}
+    assert got[("both_rise", None)]["value"] is True
+    same = got[("async_minus_sync_reward_last", None)]
+    assert same["value"] == pytest.approx(0.0) and same["within_noise"] is True and same["noise"] > 0
+    assert got[("async_minus_sync_gain_per_100_episodes", None)]["not_worse"] is True
+
+    png = out / train_async.PNG
+    assert png.read_bytes()[:8] == PNG_MAGIC and summary["png"] == str(png)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (800, 1200)  # 2x2 panels at 12x8 in, 100 dpi
+    stored = json.loads((out / train_async.SUMMARY).read_text())
+    assert stored["comparison"]["sync_vs_async_wall_per_step"]["met"] is True
+    assert stored["modes"]["sync"]["reward_curve"] == RISING
+
+
+def test_modes_come_from_the_rows_not_the_argument_order(tmp_path, capsys):
+    sync = write(tmp_path / "s", rows("sync", 100.0, RISING))
+    asyn = write(tmp_path / "a", async_rows())
+    train_async.main(["--from", str(asyn), str(sync), "--out", str(tmp_path / "out")])
+    got = lines(capsys.readouterr().out)
+    assert got[("sync_vs_async_wall_per_step", None)]["value"] == pytest.approx(2.0)
+    assert got[("staleness_hist", "async")]["value"] == {"0": 64, "1": 32}
+
+
+def test_slow_async_that_learns_worse_fails_every_verdict(tmp_path, capsys):
+    sync = write(tmp_path / "s", rows("sync", 100.0, RISING))
+    flat = [0.1, 0.12, 0.1, 0.08, 0.1, 0.1, 0.09, 0.1]
+    asyn = write(tmp_path / "a", async_rows(step_s=80.0, rewards=flat))
+    train_async.main(["--from", str(sync), str(asyn), "--out", str(tmp_path / "out"), "--window", "3"])
+    got = lines(capsys.readouterr().out)
+    ratio = got[("sync_vs_async_wall_per_step", None)]
+    assert ratio["value"] == pytest.approx(1.25) and ratio["met"] is False
+    assert got[("reward_rises", "async")]["value"] is False and got[("both_rise", None)]["value"] is False
+    assert got[("async_minus_sync_reward_last", None)]["within_noise"] is False
+    assert got[("async_minus_sync_gain_per_100_episodes", None)]["not_worse"] is False
+
+
+def test_two_runs_of_one_mode_or_a_missing_metrics_file_say_what_to_pass(tmp_path):
+    one = write(tmp_path / "one", rows("sync", 10.0, RISING))
+    two = write(tmp_path / "two", rows("sync", 10.0, RISING))
+    with pytest.raises(SystemExit, match="pass one sync and one async"):
+        train_async.main(["--from", str(one), str(two), "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"metrics\.jsonl does not exist"):
+        train_async.main(["--from", str(one), str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+
+
+def test_dry_run_summarises_the_out_dirs_of_an_earlier_run(tmp_path, capsys):
+    write(tmp_path / "sync", rows("sync", 60.0, RISING))
+    train_async.main(["--dry-run", "--modes", "sync", "--out", str(tmp_path)])
+    got = lines(capsys.readouterr().out)
+    assert got[("wall_per_step_s", "sync")]["value"] == pytest.approx(60.0)
+    assert ("sync_vs_async_wall_per_step", None) not in got  # one mode: nothing to compare
+    assert (tmp_path / train_async.PNG).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_train_command_sets_mode_seed_output_then_the_users_overrides(tmp_path):
+    args = train_async.build_parser().parse_args(
+        ["--steps", "3", "--seed", "7", "--set", "trainer.save_every=2", "--set", "model.max_tokens=8"]
+    )
+    cmd = train_async.train_command(args, "async", tmp_path / "async")
+    assert cmd[cmd.index("train") :][:5] == ["train", "--engine", "local", "--config", str(args.config)]
+    sets = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--set"]
+    assert sets == [
+        "trainer.mode=async",
+        "trainer.seed=7",
+        f"trainer.output={tmp_path / 'async'}",
+        "trainer.save_every=0",
+        "trainer.steps=3",
+        "trainer.save_every=2",  # the user's, after the bench's: it wins
+        "model.max_tokens=8",
+    ]
+
+
+def test_a_training_that_fails_stops_the_bench_with_its_console_tail(tmp_path):
+    """The real `uniagent train` child on a config it rejects before loading any model."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  no_such_knob: 1\n")
+    with pytest.raises(SystemExit, match=r"(?s)sync training exited 2.*no_such_knob"):
+        train_async.main(["--config", str(bad), "--modes", "sync", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "sync.log").exists()
+
+
+def test_wall_clock_from_stamps_or_step_sums():
+    stamped = [{"step_s": 5.0, "time": 105.0}, {"step_s": 99.0, "time": 112.0}]
+    assert wall_clock(stamped) == [5.0, 12.0]  # stamps win over a step_s that overlaps the next step
+    assert wall_clock([{"step_s": 5.0}, {"step_s": 7.0}]) == [5.0, 12.0]
+    assert staleness_totals([{"staleness_hist": {"0": 2}}, {"staleness_hist": {"2": 1, "0": 1}}, {}]) == {
+        0: 3,
+        2: 1,
+    }
+
+
+def test_plots_without_staleness_or_rewards(tmp_path):
+    metrics = write(tmp_path / "run", rows("sync", 10.0, RISING)) / "metrics.jsonl"
+    assert plot_rewards(metrics, tmp_path / "curve.png") == tmp_path / "curve.png"
+    assert plot_comparison({"sync": rows("sync", 10.0, RISING)}, tmp_path / "one.png") == tmp_path / "one.png"
+    assert (tmp_path / "one.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_comparison({"sync": [{"step": 1, "reward_mean": None}]}, tmp_path / "none.png") is None
