@@ -10,7 +10,7 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint bench system-deps clean llama-server clis
+.PHONY: setup demo test lint bench bench-train system-deps clean llama-server clis
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
@@ -76,6 +76,11 @@ bench: setup llama-server
 	$(PY) bench/runner.py --kill-resume --no-peer
 	$(PY) bench/runner_ray.py
 	$(PY) bench/sandbox_footprint.py
+
+# Sync vs async local training, both modes trained for real on one config (long: every step is real
+# rollouts and an update, so not part of `bench`). Options: BENCH_TRAIN_ARGS="--steps 4 ...".
+bench-train: setup system-deps
+	$(PY) bench/train_async.py $(BENCH_TRAIN_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
