@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
+from uniagent.dashboard.training import register as register_training
 from uniagent.errors import UniAgentError
 from uniagent.models.config import ModelConfig
 from uniagent.models.registry import tokenizer_spec
@@ -29,7 +30,7 @@ from uniagent.runner.store import RunStore, store_path
 from uniagent.runner.summary import summarize
 
 COOKIE = "uniagent_dashboard_token"
-ASSETS = {"app.js", "style.css"}
+ASSETS = {"app.js", "style.css", "training.js"}
 LIGHT_FIELDS = (
     "instance_id",
     "sample",
@@ -54,6 +55,7 @@ LIGHT_SORTS = set(LIGHT_FIELDS) - {"attempts"}
 class DashboardConfig:
     run_dirs: list[Path]
     token: str | None = None
+    train_dirs: list[Path] = field(default_factory=list)  # trainer.output dirs (dashboard/training.py)
     poll_ms: int = 2000
     redact_extra: list[str] = field(default_factory=list)
 
@@ -281,6 +283,7 @@ def create_app(config: DashboardConfig) -> FastAPI:
         title="uniagent dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
     app.state.runs = runs
+    app.state.training = register_training(app, config.train_dirs, redactor)
 
     @app.middleware("http")
     async def require_token(request: Request, call_next: Any) -> Response:

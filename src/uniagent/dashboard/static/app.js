@@ -3,6 +3,7 @@
 //   #/run/R?exit=..&resolved=..      episodes of run R (filters and sort in the query)
 //   #/run/R/ep/ID/S                  one episode
 //   #/run/R/ep/ID/S/tokens?segment=K its token view, one segment at a time (the first by default)
+//   #/train/T[,U...]                 training runs, overlaid (training.js)
 "use strict";
 
 const view = document.getElementById("view");
@@ -72,6 +73,7 @@ async function route() {
     if (parts[0] === "run" && parts[2] === "ep" && parts[5] === "tokens") await tokenPage(+parts[1], parts[3], +parts[4], params);
     else if (parts[0] === "run" && parts[2] === "ep") await episodePage(+parts[1], parts[3], +parts[4]);
     else if (parts[0] === "run") await episodesPage(+parts[1], params);
+    else if (parts[0] === "train") await trainingPage(parts[1] || "");
     else await runsPage();
   } catch (e) {
     view.innerHTML = `<p class="err">${esc(e.message)}</p>`;
@@ -146,7 +148,7 @@ async function runsPage() {
   const render = async () => {
     const runs = await api("runs");
     const series = await Promise.all(runs.map((r) => api(`runs/${r.id}/series`)));
-    const html = `<h1>Runs</h1>` + runs.map((r, i) => runCard(r, series[i])).join("");
+    const html = (runs.length ? `<h1>Runs</h1>` : "") + runs.map((r, i) => runCard(r, series[i])).join("") + (await trainingList());
     if (seq !== routeSeq || html === last) return; // unchanged: keep the page (and any hover) as it is
     last = html;
     view.innerHTML = html;

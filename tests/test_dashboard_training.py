@@ -1,0 +1,261 @@
+"""The dashboard's training runs: the /api/train endpoints over crafted trainer outputs (a sync run
+and an async run, the rows as `uniagent train --engine local` writes them), the command's
+`--train`, and the page in a real browser with both runs overlaid on one chart.
+
+The metrics files are written here rather than by a real training run: the page reads files, and
+a real run of the shape needed (an async run with staleness, interrupted generations, dropped
+groups) takes many minutes on this CPU. Every key the trainer logs today is in the rows, with the
+new async keys only in the async run, as a sync run writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import needs, require_module
+from dashboard_helpers import CLI, DashboardServer
+from test_dashboard_browser import ARTIFACTS, CHROMIUM, browser_context, page  # noqa: F401 - fixtures
+
+fastapi = require_module("fastapi", "the dashboard needs fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from uniagent.dashboard.app import DashboardConfig, create_app  # noqa: E402
+from uniagent.dashboard.training import read_metrics  # noqa: E402
+
+STEPS = 6
+
+
+def base_row(step: int, reward: float) -> dict[str, Any]:
+    """The keys every local run logs (train/local.py), with plausible values."""
+    return {
+        "step": step,
+        "reward_mean": reward,
+        "resolved_rate": reward,
+        "episodes": 8,
+        "untrainable": 0,
+        "episodes_trained": 8.0,
+        "loss": 0.3 - 0.02 * step,
+        "pg_loss": 0.3 - 0.02 * step,
+        "pg_clipfrac": 0.01 * step,
+        "ppo_kl": 0.001 * step,
+        "grad_norm": 0.5,
+        "train_tokens": 900.0,
+        "rollout_corr/kl": 0.0005 * step,
+        "rollout_corr/rollout_is_mean": 1.0,
+        "training/rollout_logprob_diff_mean": 0.002,
+        "rollout_tokens_per_s": 40.0,
+        "train_tokens_per_s": 300.0,
+        "rollout_s": 20.0,
+        "update_s": 3.0,
+        "step_s": 23.0,
+        "rss_mb": 4000.0,
+        "exit_reasons": {"finished": 8},
+        "time": 1_800_000_000.0 + 23 * step,
+    }
+
+
+def sync_row(step: int) -> dict[str, Any]:
+    return base_row(step, 0.1 + 0.05 * step)
+
+
+def async_row(step: int) -> dict[str, Any]:
+    row = base_row(step, 0.1 + 0.06 * step)
+    row.update(
+        step_s=14.0,
+        loss=0.25 - 0.015 * step,
+        rollout_tokens_per_s=65.0,
+        mode="async",
+        policy_version=step,
+        staleness_hist={"0": 5, "1": 3} if step > 1 else {"0": 8},
+        staleness_max=1 if step > 1 else 0,
+        trainer_idle_frac=0.1,
+        engine_idle_frac=0.05,
+        interrupted=2,
+        groups_dropped_zero_variance=1,
+        episodes_stale_dropped=0,
+        episodes_no_gradient=1,
+    )
+    return row
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def train_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """A sync run (no async keys at all) and an async run whose last line is half-written."""
+    sync, async_ = tmp_path / "train_sync", tmp_path / "train_async"
+    for d in (sync, async_):
+        (d / "checkpoints").mkdir(parents=True)
+    write_rows(sync / "metrics.jsonl", [sync_row(s) for s in range(1, STEPS + 1)])
+    (sync / "checkpoints" / "step_000006.pt").write_bytes(b"")
+    (sync / "reward_curve.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    half = json.dumps(async_row(STEPS + 1))[:40]
+    write_rows(async_ / "metrics.jsonl", [async_row(s) for s in range(1, STEPS + 1)], tail=half)
+    return sync, async_
+
+
+def client_for(dirs: list[Path], token: str | None = None) -> TestClient:
+    return TestClient(create_app(DashboardConfig([], token=token, train_dirs=dirs)))
+
+
+def test_api_summarises_a_sync_and_an_async_run(train_dirs: tuple[Path, Path]) -> None:
+    sync, async_ = train_dirs
+    with client_for([sync, async_]) as c:
+        listed = c.get("/api/train").json()
+        assert [r["name"] for r in listed] == ["train_sync", "train_async"]
+        s, a = (c.get(f"/api/train/{i}").json() for i in (0, 1))
+    assert [r["step"] for r in s["rows"]] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in a["rows"]] == list(range(1, STEPS + 1))  # the half-written row is not one
+    assert a["skipped_lines"] == 0 and a["rows"][-1] == async_row(STEPS)
+    assert listed[1]["summary"] == a["summary"]
+    # The async run: every new key, summed or averaged over the run.
+    sa = a["summary"]
+    assert sa["mode"] == "async" and sa["policy_version"] == STEPS and sa["staleness_max"] == 1
+    assert sa["staleness_hist"] == {"0": 8 + 5 * (STEPS - 1), "1": 3 * (STEPS - 1)}
+    assert sa["interrupted"] == 2 * STEPS and sa["groups_dropped_zero_variance"] == STEPS
+    assert sa["episodes_stale_dropped"] == 0 and sa["episodes_no_gradient"] == STEPS
+    assert sa["trainer_idle_frac_mean"] == pytest.approx(0.1) and sa["step_s_mean"] == pytest.approx(14.0)
+    assert sa["reward_last"] == pytest.approx(sum(0.1 + 0.06 * k for k in range(2, 7)) / 5)
+    assert sa["wall_s"] == pytest.approx(14.0 * STEPS)
+    # The sync run logs none of them: None, not an error, not a zero.
+    ss = s["summary"]
+    for key in (
+        "mode",
+        "policy_version",
+        "staleness_hist",
+        "staleness_max",
+        "interrupted",
+        "trainer_idle_frac_mean",
+    ):
+        assert ss[key] is None, key
+    assert ss["steps"] == STEPS and ss["rollout_tokens_per_s_mean"] == pytest.approx(40.0)
+    assert s["checkpoints"] == ["step_000006.pt"] and s["has_curve"] and not a["has_curve"]
+    assert s["rows"][0]["exit_reasons"] == {"finished": 8}  # every key passed on as logged
+
+
+def test_a_growing_metrics_file_is_read_fresh(train_dirs: tuple[Path, Path]) -> None:
+    _, async_ = train_dirs
+    path = async_ / "metrics.jsonl"
+    with client_for([async_]) as c:
+        assert c.get("/api/train/0").json()["summary"]["steps"] == STEPS
+        rest = json.dumps(async_row(STEPS + 1))[40:]
+        append(path, rest + "\n")  # the half-written row completes
+        data = c.get("/api/train/0").json()
+        assert data["summary"]["steps"] == STEPS + 1 and data["summary"]["policy_version"] == STEPS + 1
+        append(path, "{not json\n" + json.dumps(async_row(STEPS + 2))[:10])
+        data = c.get("/api/train/0").json()
+        assert data["summary"]["steps"] == STEPS + 1 and data["skipped_lines"] == 1
+        # A resume from an earlier checkpoint rewrites the file shorter: the page follows.
+        write_rows(path, [async_row(s) for s in range(1, 4)])
+        assert [r["step"] for r in c.get("/api/train/0").json()["rows"]] == [1, 2, 3]
+        path.unlink()
+        empty = c.get("/api/train/0").json()
+        assert empty["rows"] == [] and empty["summary"]["steps"] == 0 and empty["summary"]["mode"] is None
+        assert c.get("/api/train/1").status_code == 404
+        assert c.get("/api/train/0/reward_curve.png").status_code == 404
+
+
+def test_read_metrics_keeps_the_last_row_of_a_repeated_step(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    write_rows(path, [sync_row(1), sync_row(2), {**sync_row(2), "reward_mean": 0.9}, sync_row(3)])
+    rows, skipped = read_metrics(path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["reward_mean"] == 0.9 and skipped == 0
+    write_rows(path, [sync_row(1)], tail='["a list"]\n{"no": "step"}\n')
+    assert [r["step"] for r in read_metrics(path)[0]] == [1] and read_metrics(path)[1] == 2
+
+
+def test_training_routes_need_the_token(train_dirs: tuple[Path, Path]) -> None:
+    sync, _ = train_dirs
+    with client_for([sync], token="t0ken-for-test") as c:
+        for url in ("/api/train", "/api/train/0", "/api/train/0/reward_curve.png", "/static/training.js"):
+            assert c.get(url).status_code == 401, url
+        auth = {"Authorization": "Bearer t0ken-for-test"}
+        assert c.get("/api/train", headers=auth).json()[0]["summary"]["steps"] == STEPS
+        png = c.get("/api/train/0/reward_curve.png", headers=auth)
+        assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+        assert "trainingPage" in c.get("/static/training.js", headers=auth).text
+
+
+def test_command_takes_training_runs_with_train(train_dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    sync, async_ = train_dirs
+    for args, expected in (
+        ([str(sync)], f"give it as --train {sync}"),
+        ([], "give a run directory"),
+        (["--train", str(tmp_path / "nothing")], "does not exist"),
+    ):
+        proc = subprocess.run([*CLI, "dashboard", *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and expected in proc.stderr, (args, proc.stderr)
+    with DashboardServer([], "--train", str(sync), "--train", str(async_ / "metrics.jsonl")) as server:
+        listed = httpx.get(server.url + "api/train").json()
+        assert [r["path"] for r in listed] == [str(sync), str(async_)]
+    assert "0 run(s) and 2 training run(s)" in (server.proc.stdout.read() if server.proc.stdout else "")
+
+
+@needs("Chromium", CHROMIUM.exists(), "apt-get install chromium (Debian's, at /usr/bin/chromium)")
+def test_the_page_overlays_two_runs_and_follows_a_growing_run(page, train_dirs) -> None:  # noqa: F811
+    sync, async_ = train_dirs
+    with DashboardServer([], "--train", str(sync), "--train", str(async_)) as server:
+        page.goto(server.url)
+        page.wait_for_selector(".card.train[data-train='1']")
+        assert page.locator(".card.train").count() == 2
+        assert page.locator(".card.train[data-train='0'] .n-steps").inner_text() == str(STEPS)
+        page.check("input.train-pick[data-train='0']")
+        page.check("input.train-pick[data-train='1']")
+        page.click("a#train-compare")
+        page.wait_for_selector("#chart-reward svg")
+        assert page.url.endswith("#/train/0,1")
+        assert page.locator("#train-title").inner_text() == "Training runs: train_sync vs train_async"
+        # Reward and resolved rate for both runs: four lines on the one chart, one point per step.
+        lines = page.eval_on_selector_all(
+            "#chart-reward path.series", "ps => ps.map(p => [+p.dataset.run, p.dataset.key])"
+        )
+        assert sorted(lines) == [[run, key] for run in (0, 1) for key in ("resolved_rate", "reward_mean")]
+        assert page.locator("#chart-reward circle").count() == 4 * STEPS
+        # Keys only the async run logs: its lines alone; the sync run's cells show "–".
+        assert page.eval_on_selector_all("#chart-idle path.series", "ps => ps.map(p => +p.dataset.run)") == [
+            1,
+            1,
+        ]
+        bars = page.eval_on_selector_all(
+            "#chart-staleness rect.stale-bar", "rs => rs.map(r => [+r.dataset.run, +r.dataset.lag, +r.dataset.n])"
+        )
+        assert bars == [[1, 0, 8 + 5 * (STEPS - 1)], [1, 1, 3 * (STEPS - 1)]]
+        cell = "#train-summary tr[data-row='{1}'] td[data-train='{0}']"
+        assert page.inner_text(cell.format(0, "mode")) == "–"
+        assert page.inner_text(cell.format(0, "staleness max")) == "–"
+        assert page.inner_text(cell.format(0, "trainer idle")) == "–"
+        assert page.inner_text(cell.format(1, "mode")) == "async"
+        assert page.inner_text(cell.format(1, "policy version")) == str(STEPS)
+        for chart in ("loss", "clipfrac", "ppo-kl", "mismatch", "step-s", "tok-s"):
+            assert page.locator(f"#chart-{chart} path.series").count() >= 2, chart
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_training.png"), full_page=True)
+
+        # The trainer finishes the half-written row and writes another: the open page follows.
+        page.evaluate("window.__not_reloaded = true")
+        rest = json.dumps(async_row(STEPS + 1))[40:]
+        append(async_ / "metrics.jsonl", rest + "\n" + json.dumps(async_row(STEPS + 2)) + "\n")
+        page.wait_for_function(
+            f"document.querySelectorAll('#chart-reward circle').length === {4 * STEPS + 4}", timeout=15_000
+        )
+        assert page.inner_text(cell.format(1, "policy version")) == str(STEPS + 2)
+        assert page.evaluate("window.__not_reloaded") is True
+
+        # The overlay chips take a run off the chart.
+        page.click("#train-overlay a[data-train='0']")
+        page.wait_for_function("location.hash === '#/train/1'")
+        page.wait_for_function("document.querySelectorAll('#chart-reward path.series').length === 2")
+        assert page.locator("#train-summary th[data-train]").count() == 1
