@@ -114,6 +114,23 @@ def test_result_marks_the_episode_untrainable_only_when_tokens_changed(codec: Ch
     assert out["trajectory"] == clean and out["error"] == MASK
 
 
+def test_redaction_keeps_policy_versions_aligned(codec: ChatCodec) -> None:
+    """A model token that becomes a redaction marker is context (version -1); the rest keep theirs."""
+    r = Redactor(extra=[SECRET], env={})
+    traj = Trajectory(codec.prompt_ids([{"role": "user", "content": "go"}]))
+    say = codec.encode(f"The key is {SECRET}, done.") + codec.eot_ids
+    half = len(say) // 2  # a weight update landed mid-turn
+    traj.add_generation(say, [-0.25] * len(say), versions=[2] * half + [3] * (len(say) - half))
+    traj.add_context(codec.continuation_ids([{"role": "tool", "content": "ok"}]), role="tool")
+    clean = r.trajectory(traj.to_dict(), codec)
+    assert clean is not None and clean["secret_redacted"] is True
+    again = Trajectory.from_dict(clean)  # validates: versions aligned, -1 exactly on context
+    assert len(again.response_versions) == len(again.response_ids)
+    assert again.version_range == (2, 3)
+    redacted = [s for s in again.spans if s.role == REDACTED_ROLE]
+    assert redacted and all(set(again.response_versions[s.start : s.end]) == {-1} for s in redacted)
+
+
 def test_log_records_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
     redact_logs(Redactor(extra=["log-secret-123456"], env={}))
     log = logging.getLogger("uniagent.test_secrets")

@@ -160,8 +160,9 @@ class Redactor:
         for k, s in enumerate(old.spans):
             span_of[s.start : s.end] = [k] * (s.end - s.start)
         new_prompt: list[int] = []
-        # Response items: (id, mask, logprob, key); consecutive equal keys form one span.
-        items: list[tuple[int, int, float, tuple[Any, ...]]] = []
+        # Response items: (id, mask, logprob, key, version); consecutive equal keys form one span.
+        items: list[tuple[int, int, float, tuple[Any, ...], int]] = []
+        versions = old.response_versions if old.versions_known else [-1] * len(response)
         where = [0] * (len(ids) + 1)  # old index -> new index (for drift)
         cut = dict(ranges)
         k = 0
@@ -180,10 +181,10 @@ class Redactor:
                 where[k] = len(prompt) + len(items)  # fixed up below once the prompt is known
                 if end is None:
                     key = ("span", span_of[r])
-                    items.append((ids[k], old.response_mask[r], old.response_logprobs[r], key))
+                    items.append((ids[k], old.response_mask[r], old.response_logprobs[r], key, versions[r]))
                 else:
                     turn = old.spans[span_of[r]].turn if old.spans else 0
-                    items.extend((t, 0, 0.0, ("redacted", k, turn)) for t in replacement)
+                    items.extend((t, 0, 0.0, ("redacted", k, turn), -1) for t in replacement)
             if end is not None:
                 where[k + 1 : end] = [where[k]] * (end - k - 1)
                 k = end
@@ -193,7 +194,7 @@ class Redactor:
         where = [w + shift if i >= len(prompt) else w for i, w in enumerate(where)]
         where[len(ids)] = len(new_prompt) + len(items)
         spans: list[TurnSpan] = []
-        for n, (_, _, _, key) in enumerate(items):
+        for n, (_, _, _, key, _) in enumerate(items):
             if spans and items[n - 1][3] == key:
                 spans[-1].end = n + 1
                 continue
@@ -207,6 +208,7 @@ class Redactor:
             response_ids=[i[0] for i in items],
             response_mask=[i[1] for i in items],
             response_logprobs=[i[2] for i in items],
+            response_versions=[i[4] for i in items] if old.versions_known else [],
             spans=spans,
             num_turns=old.num_turns,
             drift=None if old.drift is None else where[min(int(old.drift), len(ids))],
