@@ -29,6 +29,8 @@ from uniagent.dashboard.app import DashboardConfig, create_app  # noqa: E402
 from uniagent.dashboard.training import read_metrics  # noqa: E402
 
 STEPS = 6
+GAP = 3
+"""The sync run's step with no trainable episode (reward null, no loss keys), as the trainer logs it."""
 
 
 def base_row(step: int, reward: float) -> dict[str, Any]:
@@ -61,7 +63,11 @@ def base_row(step: int, reward: float) -> dict[str, Any]:
 
 
 def sync_row(step: int) -> dict[str, Any]:
-    return base_row(step, 0.1 + 0.05 * step)
+    row = base_row(step, 0.1 + 0.05 * step)
+    if step == GAP:  # every episode failed for infrastructure reasons: no reward, no update
+        row = {k: v for k, v in row.items() if not k.startswith(("loss", "pg_", "ppo_", "rollout_corr"))}
+        row.update(reward_mean=None, resolved_rate=None, untrainable=8, episodes_trained=0.0)
+    return row
 
 
 def async_row(step: int) -> dict[str, Any]:
@@ -142,6 +148,8 @@ def test_api_summarises_a_sync_and_an_async_run(train_dirs: tuple[Path, Path]) -
     ):
         assert ss[key] is None, key
     assert ss["steps"] == STEPS and ss["rollout_tokens_per_s_mean"] == pytest.approx(40.0)
+    assert ss["reward_first"] == pytest.approx(sum(0.1 + 0.05 * k for k in (1, 2, 4, 5, 6)) / 5)
+    assert ss["untrainable"] == 8 and s["rows"][GAP - 1]["reward_mean"] is None
     assert s["checkpoints"] == ["step_000006.pt"] and s["has_curve"] and not a["has_curve"]
     assert s["rows"][0]["exit_reasons"] == {"finished": 8}  # every key passed on as logged
 
@@ -223,14 +231,20 @@ def test_the_page_overlays_two_runs_and_follows_a_growing_run(page, train_dirs) 
             "#chart-reward path.series", "ps => ps.map(p => [+p.dataset.run, p.dataset.key])"
         )
         assert sorted(lines) == [[run, key] for run in (0, 1) for key in ("resolved_rate", "reward_mean")]
-        assert page.locator("#chart-reward circle").count() == 4 * STEPS
+        assert page.locator("#chart-reward circle").count() == 4 * STEPS - 2
+        # The sync run's step without a reward breaks its line rather than drawing a zero.
+        sync_reward = page.get_attribute(
+            "#chart-reward path.series[data-run='0'][data-key='reward_mean']", "d"
+        )
+        assert sync_reward.count("M") == 2 and sync_reward.count("L") == STEPS - 3
         # Keys only the async run logs: its lines alone; the sync run's cells show "–".
         assert page.eval_on_selector_all("#chart-idle path.series", "ps => ps.map(p => +p.dataset.run)") == [
             1,
             1,
         ]
         bars = page.eval_on_selector_all(
-            "#chart-staleness rect.stale-bar", "rs => rs.map(r => [+r.dataset.run, +r.dataset.lag, +r.dataset.n])"
+            "#chart-staleness rect.stale-bar",
+            "rs => rs.map(r => [+r.dataset.run, +r.dataset.lag, +r.dataset.n])",
         )
         assert bars == [[1, 0, 8 + 5 * (STEPS - 1)], [1, 1, 3 * (STEPS - 1)]]
         cell = "#train-summary tr[data-row='{1}'] td[data-train='{0}']"
@@ -249,7 +263,7 @@ def test_the_page_overlays_two_runs_and_follows_a_growing_run(page, train_dirs) 
         rest = json.dumps(async_row(STEPS + 1))[40:]
         append(async_ / "metrics.jsonl", rest + "\n" + json.dumps(async_row(STEPS + 2)) + "\n")
         page.wait_for_function(
-            f"document.querySelectorAll('#chart-reward circle').length === {4 * STEPS + 4}", timeout=15_000
+            f"document.querySelectorAll('#chart-reward circle').length === {4 * STEPS + 2}", timeout=15_000
         )
         assert page.inner_text(cell.format(1, "policy version")) == str(STEPS + 2)
         assert page.evaluate("window.__not_reloaded") is True
