@@ -26,7 +26,7 @@ fastapi = require_module("fastapi", "the dashboard needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from uniagent.dashboard.app import DashboardConfig, create_app  # noqa: E402
-from uniagent.dashboard.training import read_metrics  # noqa: E402
+from uniagent.dashboard.training import read_metrics_live  # noqa: E402
 
 STEPS = 6
 GAP = 3
@@ -176,13 +176,13 @@ def test_a_growing_metrics_file_is_read_fresh(train_dirs: tuple[Path, Path]) -> 
         assert c.get("/api/train/0/reward_curve.png").status_code == 404
 
 
-def test_read_metrics_keeps_the_last_row_of_a_repeated_step(tmp_path: Path) -> None:
+def test_read_metrics_live_keeps_the_last_row_of_a_repeated_step(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     write_rows(path, [sync_row(1), sync_row(2), {**sync_row(2), "reward_mean": 0.9}, sync_row(3)])
-    rows, skipped = read_metrics(path)
+    rows, skipped = read_metrics_live(path)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["reward_mean"] == 0.9 and skipped == 0
     write_rows(path, [sync_row(1)], tail='["a list"]\n{"no": "step"}\n')
-    assert [r["step"] for r in read_metrics(path)[0]] == [1] and read_metrics(path)[1] == 2
+    assert [r["step"] for r in read_metrics_live(path)[0]] == [1] and read_metrics_live(path)[1] == 2
 
 
 def test_training_routes_need_the_token(train_dirs: tuple[Path, Path]) -> None:

@@ -22,7 +22,7 @@ from fastapi.responses import FileResponse
 
 from uniagent.redact import Redactor
 from uniagent.runner.store import STORE_NAME, StoreError
-from uniagent.train.outputs import CURVE, METRICS
+from uniagent.train.outputs import CURVE, METRICS, staleness_totals
 
 CHECKPOINTS = "checkpoints"
 MEANS = ("step_s", "rollout_tokens_per_s", "train_tokens_per_s", "trainer_idle_frac", "engine_idle_frac")
@@ -58,13 +58,14 @@ def training_dir(path: str | Path) -> Path:
     return given
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+def read_metrics_live(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The rows of a metrics.jsonl as the file is now, by step, and how many lines were skipped.
 
     A last line without its newline is being written: skipped. So is a line that is not a JSON
     object with a step (counted, so the page can say so). A step logged twice (a crash between
     writing a row and checkpointing it, then a resume) keeps its last row: the curve the resumed
-    run continued.
+    run continued. (`train.outputs.read_metrics` reads a finished file, for plots; this one reads a
+    file that a running trainer is writing.)
     """
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -106,23 +107,10 @@ def _mean(values: list[float]) -> float | None:
 
 def staleness_total(rows: list[dict[str, Any]]) -> dict[str, int] | None:
     """Episodes trained at each lag (versions behind the trainer), summed over the run; `None`
-    when no step logged a histogram (a sync run, or one from before async training)."""
-    total: dict[int, int] = {}
-    seen = False
-    for row in rows:
-        hist = row.get("staleness_hist")
-        if not isinstance(hist, dict):
-            continue
-        seen = True
-        for lag, count in hist.items():
-            n = _number(count)
-            try:
-                key = int(lag)
-            except ValueError:
-                continue
-            if n is not None:
-                total[key] = total.get(key, 0) + int(n)
-    return {str(k): total[k] for k in sorted(total)} if seen else None
+    when no step logged a histogram (a run from before async training), not an empty one."""
+    if not any(isinstance(r.get("staleness_hist"), dict) for r in rows):
+        return None
+    return {str(lag): n for lag, n in staleness_totals(rows).items()}
 
 
 def summarize_training(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -161,7 +149,7 @@ class TrainingRun:
         self.name = self.dir.name
 
     def rows(self) -> tuple[list[dict[str, Any]], int]:
-        return read_metrics(self.dir / METRICS)
+        return read_metrics_live(self.dir / METRICS)
 
     def checkpoints(self) -> list[str]:
         folder = self.dir / CHECKPOINTS
