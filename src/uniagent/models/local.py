@@ -9,16 +9,20 @@ Why it is built this way:
   memory caps); a `BatchRunner` (`models/local_batch.py`, which says why batching, the slot cache and
   prefix reuse work as they do) prefills them, merges them into the running batch and decodes.
 - Engines never assume the tokenizer's eos (SmolLM2 reports `<|im_start|>`); callers pass stop ids.
+- Weight sync (`update_weights`, models/local_update.py says why it works as it does) is applied by the
+  same worker between two decode steps; every token is tagged with the policy `version` that sampled it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,10 +32,11 @@ from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.kv import PrefixStore, use_gqa_attention
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
+from uniagent.models.local_update import WeightUpdate, copy_state, match_state, resolve
 from uniagent.models.registry import EngineKind
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from uniagent.models.config import ModelConfig
 
@@ -56,6 +61,9 @@ class LocalEngine:
     least recently used dropped first; SmolLM2-135M in fp32 needs 46 KiB per token, so the 2 GiB default
     holds ~45,000 tokens); 0 turns prefix reuse off. Models with sliding-window layers keep the plain
     transformers cache: no reuse, and a running batch does not take in new requests.
+
+    `version` is the policy version the weights are (a trainer's step count); `update_weights` replaces
+    the weights and the version, and every `Generation` says per token which version sampled it.
     """
 
     def __init__(
@@ -71,6 +79,7 @@ class LocalEngine:
         eos_token_ids: Iterable[int] = (),
         max_model_len: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        version: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -92,6 +101,8 @@ class LocalEngine:
         self._stats = EngineStats()
         self._prefixes = PrefixStore(prefix_cache_bytes)
         self._pending: collections.deque[Request] = collections.deque()
+        self._updates: collections.deque[WeightUpdate] = collections.deque()
+        self._version = int(version)
         self._cond = threading.Condition()
         self._closing = False
         self._ready = threading.Event()
@@ -118,6 +129,7 @@ class LocalEngine:
             stats=self._stats,
             prefixes=self._prefixes,
             max_model_len=self._max_model_len or getattr(model.config, "max_position_embeddings", None),
+            version=self._version,
         )
         if not self._batches.slots:
             self._prefixes.budget_bytes = 0
@@ -133,7 +145,8 @@ class LocalEngine:
         """Serve an already-loaded model without copying it, so a trainer's weight updates are seen.
 
         The caller keeps ownership: the engine does not change the model's device or train/eval mode,
-        and the caller must not update weights while a generation is running.
+        and the caller must not update weights while a generation is running; `update_weights(None,
+        version)` then tags what follows with the new version.
         """
         return cls(model, **options)
 
@@ -155,6 +168,11 @@ class LocalEngine:
     @max_model_len.setter
     def max_model_len(self, value: int | None) -> None:
         self._batches.max_model_len = value
+
+    @property
+    def version(self) -> int:
+        """The policy version being served: the tag of the tokens sampled now."""
+        return self._batches.version
 
     @property
     def stats(self) -> EngineStats:
@@ -197,8 +215,40 @@ class LocalEngine:
             request.cancelled = True
             raise
 
+    def update_weights(
+        self, state: Mapping[str, torch.Tensor] | None, version: int, *, interrupt: bool = True
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """Serve `state` (a name -> tensor mapping such as the policy's `state_dict()`) as `version`.
+
+        Callable from any thread; it only queues. The worker applies the update between two decode steps
+        (at once when idle). `interrupt=True` (partial rollout): running generations are taken out and
+        resumed under the new weights, so one `Generation` holds tokens of both versions, each with the
+        logprob and version it was sampled with. `interrupt=False`: no request is admitted until the
+        running ones finish under the old weights, then the update is applied. `state=None` changes only
+        the version (a model shared with the trainer, already updated in place).
+
+        The future resolves with `{"interrupted": rows resumed, "waited_s": queued until applied,
+        "apply_s": the copy, "version": version}`; it fails with `EngineError` when `state` does not fit
+        the model (the old weights and version keep serving) or the engine closes first. `state` must not
+        change until it resolves. From a coroutine: `await asyncio.wrap_future(future)`; cancelling a
+        future not yet running drops the update.
+        """
+        update = WeightUpdate(
+            state=state, version=int(version), interrupt=interrupt, queued=time.perf_counter()
+        )
+        with self._cond:
+            if self._closing or not self._thread.is_alive():
+                resolve(
+                    update.future,
+                    EngineError(f"LocalEngine is closed; weight update to version {version} was not applied"),
+                )
+                return update.future
+            self._updates.append(update)
+            self._cond.notify()
+        return update.future
+
     def close(self, timeout: float = 60.0) -> None:
-        """Stop the worker; requests still queued or running fail with `EngineError`."""
+        """Stop the worker; requests and weight updates still queued or running fail with `EngineError`."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -262,6 +312,10 @@ class LocalEngine:
         try:
             with torch.inference_mode():
                 while True:
+                    update = self._due_update(batch)
+                    if update is not None:
+                        batch = self._apply(batch, update)
+                        continue
                     admitted = self._take(batch)
                     if admitted is None:
                         break
@@ -278,9 +332,9 @@ class LocalEngine:
         """Pop the requests that fit next to `batch`; block while idle. `None` means: shut down."""
         with self._cond:
             if batch is None:
-                while not self._pending and not self._closing:
+                while not self._pending and not self._closing and not self._updates:
                     self._cond.wait()
-                if not self._closing and self.batch_wait_s > 0:
+                if not self._closing and not self._updates and self.batch_wait_s > 0:
                     # Requests submitted together (asyncio.gather) arrive a few microseconds apart;
                     # a short window lets them share the first prefill.
                     self._cond.wait_for(
@@ -288,6 +342,8 @@ class LocalEngine:
                     )
             if self._closing:
                 return None
+            if self._updates:  # a weight update waits: admit nothing before it is applied
+                return []
             if batch is not None and not self._batches.slots:
                 return []
             rows = len(batch.rows) if batch is not None else 0
@@ -316,6 +372,37 @@ class LocalEngine:
                 longest = max(longest, n)
             return taken
 
+    def _due_update(self, batch: Batch | None) -> WeightUpdate | None:
+        """The next weight update to apply now: any when idle, only an interrupting one mid-batch."""
+        with self._cond:
+            while self._updates and not self._closing and (batch is None or self._updates[0].interrupt):
+                update = self._updates.popleft()
+                if update.future.set_running_or_notify_cancel():  # False: the caller cancelled it
+                    return update
+            return None
+
+    def _apply(self, batch: Batch | None, update: WeightUpdate) -> Batch | None:
+        """Check, interrupt the running rows, drop every key/value computed under the old weights, copy,
+        and queue the interrupted rows first. A state that does not fit changes nothing."""
+        began = time.perf_counter()
+        try:
+            pairs = match_state(self._model, update.state, update.version) if update.state is not None else []
+        except EngineError as exc:
+            resolve(update.future, exc)
+            return batch
+        resumed = self._batches.interrupt(batch)
+        self._prefixes.clear()
+        copy_state(pairs)
+        self._batches.version = update.version
+        self._stats.weight_updates += 1
+        self._stats.interrupted += len(resumed)
+        with self._cond:
+            self._pending.extendleft(reversed(resumed))
+        done = time.perf_counter()
+        result = {"interrupted": len(resumed), "waited_s": began - update.queued, "apply_s": done - began}
+        resolve(update.future, {**result, "version": update.version})
+        return None
+
     def _forward(self, **inputs: Any) -> Any:
         """The one place the model is called (tests replace it to inject failures)."""
         return self._model(**inputs)
@@ -324,6 +411,12 @@ class LocalEngine:
         with self._cond:
             pending = list(self._pending)
             self._pending.clear()
+            updates = list(self._updates)
+            self._updates.clear()
+        for update in updates:
+            resolve(
+                update.future, EngineError(f"weight update to version {update.version} not applied: {error}")
+            )
         rows = [row.request for row in batch.rows if row.finish is None] if batch is not None else []
         for request in rows + pending:
             self._stats.failed += 1

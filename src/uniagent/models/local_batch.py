@@ -62,6 +62,9 @@ class EngineStats:
     prefill_tokens: int = 0
     prefix_hits: int = 0
     prefix_reused_tokens: int = 0
+    # `LocalEngine.update_weights` calls applied, and the rows they took out and resumed (partial rollout).
+    weight_updates: int = 0
+    interrupted: int = 0
 
 
 @dataclass(eq=False)
@@ -79,6 +82,13 @@ class Request:
     # Set by the worker at admission: the kept prefix this request took over and how much of it it reuses.
     prefix: Prefix | None = None
     reused: int = 0
+    # Partial rollout (`BatchRunner.interrupt`): what earlier runs of this request sampled before a weight
+    # update took it out (the final Generation starts with them), and its sampling stream, kept so that a
+    # resumed request draws where it stopped.
+    carried_ids: list[int] = field(default_factory=list)
+    carried_logprobs: list[float] = field(default_factory=list)
+    carried_versions: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
 
     @property
     def budget(self) -> int:
@@ -92,7 +102,18 @@ class _Row:
     generator: torch.Generator | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+
+    def result(self, finish: FinishReason) -> Generation:
+        """The request's whole generation: tokens carried from interrupted runs, then this row's."""
+        r = self.request
+        return Generation(
+            r.carried_ids + self.token_ids,
+            r.carried_logprobs + self.logprobs,
+            finish,
+            r.carried_versions + self.versions,
+        )
 
 
 @dataclass(eq=False)
@@ -114,7 +135,8 @@ class BatchRunner:
 
     `forward` is how the model is called (the engine's `_forward`, which tests replace to inject
     failures); `stats` and `prefixes` are the engine's own, updated in place. `max_model_len` ends a
-    row at the model's context. Models with sliding-window layers (`slots` False) keep the plain
+    row at the model's context. `version` tags every token sampled (the engine sets it when it applies a
+    weight update). Models with sliding-window layers (`slots` False) keep the plain
     transformers cache: no prefix reuse, and a running batch does not take in new requests.
     """
 
@@ -126,8 +148,10 @@ class BatchRunner:
         stats: EngineStats,
         prefixes: PrefixStore,
         max_model_len: int | None,
+        version: int = 0,
     ) -> None:
         self.model = model
+        self.version = version
         self.slots = supports_slots(model)
         self.dims = Dims.of(model) if self.slots else None
         self.device = next(model.parameters()).device
@@ -208,7 +232,10 @@ class BatchRunner:
         hits = [r for r in requests if r.reused]
         self._stats.prefix_hits += len(hits)
         self._stats.prefix_reused_tokens += sum(r.reused for r in hits)
-        rows = [_Row(request=r, generator=self._generator(r.sampling)) for r in requests]
+        rows = [
+            _Row(request=r, generator=r.generator if r.generator is not None else self._generator(r.sampling))
+            for r in requests
+        ]
         self._accept(rows, out.logits[:, -1, :])
         if self.slots:
             cache.advance(width)
@@ -253,13 +280,41 @@ class BatchRunner:
         for row, token, logprob in zip(rows, chosen, picked, strict=True):
             row.token_ids.append(token)
             row.logprobs.append(logprob)
+            row.versions.append(self.version)
             self._stats.generated_tokens += 1
             if row.request.on_token is not None:
                 _emit(row.request, token, logprob)
             row.finish = self._finish_reason(row, token)
             if row.finish is not None:
                 self._stats.completed += 1
-                settle(row.request, Generation(row.token_ids, row.logprobs, row.finish))
+                settle(row.request, row.result(row.finish))
+
+    def interrupt(self, batch: Batch | None) -> list[Request]:
+        """Take every unfinished row out of `batch` as a continuation to queue again; the batch (and its
+        cache) must then be dropped. A continuation is the same `Request` (future, callback, cancellation
+        flag), its prompt extended by the tokens so far, `max_tokens` reduced by them, its tokens carried
+        and its sampling stream kept. A row already at `max_model_len` ends "length" instead."""
+        out: list[Request] = []
+        for row in batch.rows if batch is not None else []:
+            r = row.request
+            if row.finish is not None:
+                continue
+            if r.cancelled:
+                self._stats.cancelled += 1
+                continue
+            r.prompt_ids = r.prompt_ids + row.token_ids
+            left = r.sampling.max_tokens - len(row.token_ids)
+            r.sampling = r.sampling.model_copy(update={"max_tokens": left})
+            r.generator, r.prefix, r.reused = row.generator, None, 0
+            if self.max_model_len is not None and len(r.prompt_ids) >= self.max_model_len:
+                self._stats.completed += 1
+                settle(r, row.result("length"))
+                continue
+            r.carried_ids += row.token_ids
+            r.carried_logprobs += row.logprobs
+            r.carried_versions += row.versions
+            out.append(r)
+        return out
 
     def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
         if token in row.request.stop_ids:
