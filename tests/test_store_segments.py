@@ -134,3 +134,44 @@ def test_the_export_command_writes_jsonl_and_parquet_from_the_store(tmp_path: Pa
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "results.jsonl").is_file()
     missing = CliRunner().invoke(app, ["export", str(tmp_path / "nothing")])
     assert isinstance(missing.exception, StoreError) and "does not exist" in str(missing.exception)
+
+
+def test_policy_versions_are_stored_and_exported_per_token(tmp_path: Path, codec: ChatCodec) -> None:
+    """An asynchronous trainer's episode: its tokens' policy versions round-trip through the store,
+    the row says the oldest and newest, and segments.jsonl / parquet carry them per token."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="--parquet needs pyarrow")
+    result = two_segment_result(codec, versions=True)
+    first, second = result.segments
+    assert first.version_range == (0, 1) and second.version_range == (2, 3)
+    store = RunStore(tmp_path / "run.db")
+    store.put(episode_row("seg-001", 0, result.to_dict()))
+    plain = two_segment_result(codec)  # an engine that gave no versions
+    store.put(episode_row("seg-002", 0, plain.to_dict()))
+    row = store.get("seg-001", 0)
+    assert [Trajectory.from_dict(t) for t in row["segments"]] == result.segments
+    assert (row["min_version"], row["max_version"]) == (0, 3)
+    unknown = store.get("seg-002", 0)
+    assert (unknown["min_version"], unknown["max_version"]) == (None, None)
+    assert all(t["response_versions"] == [] for t in unknown["segments"])
+    store.close()
+    done = CliRunner().invoke(app, ["export", str(tmp_path), "--parquet"])
+    assert done.exit_code == 0, done.output
+    jsonl = [json.loads(line) for line in (tmp_path / "segments.jsonl").read_text().splitlines()]
+    table = pq.read_table(tmp_path / "segments.parquet").to_pylist()
+    assert [r["response_versions"] for r in jsonl[:2]] == [s.response_versions for s in result.segments]
+    assert [r["response_versions"] for r in jsonl[2:]] == [[], []]
+    assert [r["response_versions"] for r in table] == [r["response_versions"] for r in jsonl]
+
+
+def test_a_store_from_before_versions_gets_their_columns(tmp_path: Path, codec: ChatCodec) -> None:
+    db = tmp_path / "run.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(OLD_SCHEMA)
+    for name in ("segments TEXT", "num_segments INTEGER NOT NULL DEFAULT 0", "drift_kind TEXT"):
+        conn.execute(f"ALTER TABLE episodes ADD COLUMN {name}")
+    conn.commit()
+    conn.close()
+    store = RunStore(db)
+    store.put(episode_row("seg-001", 0, two_segment_result(codec, versions=True).to_dict()))
+    assert store.get("seg-001", 0)["max_version"] == 3
+    store.close()

@@ -22,7 +22,8 @@ from uniagent.runner.store import RunStore
 SEGMENTS_JSONL = "segments.jsonl"
 SEGMENTS_PARQUET = "segments.parquet"
 EPISODE_KEYS = ("instance_id", "sample", "exit_reason", "trainable", "reward", "resolved")
-TOKEN_KEYS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs")
+TOKEN_KEYS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions")
+"""`response_versions`: the policy version of each response token (-1: context); empty = unknown."""
 
 
 class ExportError(UniAgentError):
@@ -82,6 +83,7 @@ def write_segments_parquet(store: RunStore, out: Path) -> int:
             ("response_ids", pa.list_(pa.int64())),
             ("response_mask", pa.list_(pa.int8())),
             ("response_logprobs", pa.list_(pa.float32())),
+            ("response_versions", pa.list_(pa.int64())),
             ("num_turns", pa.int64()),
             ("drift", pa.int64()),
             ("drift_kind", pa.string()),

@@ -7,6 +7,10 @@ can open the file while a run writes to it.
 An episode's token record is its list of segments (`segments`, one `Trajectory.to_dict()` per
 segment, in order). Stores written before segments existed hold one `trajectory` per row: they
 read as one segment with reason "start", and a writable open adds the new columns.
+
+`min_version` / `max_version`: the oldest and newest policy version that generated the episode's
+tokens (from each segment's `response_versions`), NULL when the engine did not say; an
+asynchronous trainer's episodes span versions, and a run can then be sorted by age.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from uniagent.errors import UniAgentError
 from uniagent.tokens.drift import DriftReport, episode_drift
+from uniagent.tokens.trajectory import version_range
 
 STORE_NAME = "run.db"
 SCHEMA = """
@@ -45,6 +50,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     verifier TEXT,
     segments TEXT,
     num_segments INTEGER NOT NULL DEFAULT 0,
+    min_version INTEGER,
+    max_version INTEGER,
     error TEXT,
     attempts INTEGER NOT NULL DEFAULT 1,
     finished_at REAL NOT NULL,
@@ -59,13 +66,32 @@ LIGHT_COLUMNS = (
     "instance_id, sample, exit_reason, trainable, reward, resolved, turns, prompt_tokens, "
     "completion_tokens, drift, wall_s, timings, error, attempts, finished_at"
 )
-SEGMENT_COLUMNS = {"segments": "TEXT", "num_segments": "INTEGER NOT NULL DEFAULT 0", "drift_kind": "TEXT"}
+SEGMENT_COLUMNS = {
+    "segments": "TEXT",
+    "num_segments": "INTEGER NOT NULL DEFAULT 0",
+    "drift_kind": "TEXT",
+    "min_version": "INTEGER",
+    "max_version": "INTEGER",
+}
 """Columns added since the first store layout (`trajectory`, one per row, read as one segment)."""
 
 
 def model_tokens(segments: list[dict[str, Any]]) -> int:
     """Generated tokens over all segments (mask 1): each is in exactly one segment."""
     return sum(sum(t.get("response_mask") or ()) for t in segments)
+
+
+def episode_versions(segments: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """(oldest, newest) policy version of the generated tokens over all segments; None when there
+    are none, or when a segment with generated tokens has no versions (unknown is never guessed)."""
+    ranges = []
+    for t in segments:
+        mask = t.get("response_mask") or []
+        found = version_range(t.get("response_versions") or [], mask)
+        if found is None and any(mask):
+            return None
+        ranges += [found] if found else []
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
 
 
 def legacy_segments(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -82,6 +108,7 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
     segments = list(result.get("segments") or [])
     completion = model_tokens(segments) if segments else int(metrics.get("completion_tokens", 0))
     drift = episode_drift(segments) if segments else DriftReport(metrics.get("drift"), None)
+    versions = episode_versions(segments) or (None, None)
     return {
         "instance_id": instance_id,
         "sample": sample,
@@ -103,6 +130,8 @@ def episode_row(instance_id: str, sample: int, result: dict[str, Any]) -> dict[s
         "verifier": None if reward is None else reward.get("details"),
         "segments": segments,
         "num_segments": len(segments),
+        "min_version": versions[0],
+        "max_version": versions[1],
         "error": result.get("error"),
         "finished_at": time.time(),
     }

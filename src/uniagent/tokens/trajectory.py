@@ -36,6 +36,15 @@ more follow (it strips reasoning), and the model kept seeing its own tokens (exp
 `model.history: exact`). `bookkeeping`: our tokens differ from the template's render (a bug)."""
 
 
+def version_range(versions: list[int], mask: list[int]) -> tuple[int, int] | None:
+    """(oldest, newest) version of the model tokens (mask 1) of one response; None when its
+    versions are unknown (not one per token) or it has no model token."""
+    if len(versions) != len(mask):
+        return None
+    model = [v for v, m in zip(versions, mask, strict=True) if m]
+    return (min(model), max(model)) if model else None
+
+
 @dataclass
 class TurnSpan:
     """A slice `[start, end)` of the response that belongs to one turn and one source.
@@ -138,10 +147,7 @@ class Trajectory:
     @property
     def version_range(self) -> tuple[int, int] | None:
         """(oldest, newest) policy version of the model tokens; None when unknown or none."""
-        if not self.versions_known:
-            return None
-        model = [v for v, m in zip(self.response_versions, self.response_mask, strict=True) if m]
-        return (min(model), max(model)) if model else None
+        return version_range(self.response_versions, self.response_mask)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
