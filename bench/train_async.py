@@ -8,9 +8,12 @@ object per figure and mode on stdout:
 * ``wall_per_step_s`` (training wall clock, first step's start to last step's end, over the steps:
   what the goal is measured on), ``step_s_median``, ``train_wall_s``, ``process_wall_s`` (the child
   from start to exit: model load and the final checkpoint included; absent with --from);
-* ``rollout_tokens_per_s_median``, ``trainer_idle_frac_mean``, ``engine_idle_frac_mean`` (share of a
-  step's wall the trainer / engine had nothing to do; a sync row without them is derived from its
-  phases: the trainer waits through the rollout, the engine through the update);
+* ``rollout_tokens_per_s_median`` (the rows' own rate: a sync row counts its rollout phase, an async
+  row its whole step), ``generated_tokens_per_wall_s`` (tokens generated over the training wall
+  clock: the same measure in both modes);
+* ``trainer_idle_frac_mean``, ``engine_idle_frac_mean`` (share of a step's wall the trainer / engine
+  had nothing to do; a sync row without them gets them from its phases: the trainer waits through
+  the rollout, the engine at least through the update);
 * ``reward_first``/``reward_last`` (means over the first and last `--window` steps), ``reward_gain``,
   ``reward_rises``, ``episodes_trained``, ``reward_gain_per_100_episodes`` (learning per sample);
 * ``staleness_hist`` (episodes trained per lag, summed over steps) and ``staleness_max``;
@@ -64,6 +67,7 @@ UNITS = {
     "train_wall_s": "s",
     "process_wall_s": "s",
     "rollout_tokens_per_s_median": "tokens/s",
+    "generated_tokens_per_wall_s": "tokens/s",
     "trainer_idle_frac_mean": "fraction",
     "engine_idle_frac_mean": "fraction",
     "episodes_trained": "episodes",
@@ -180,15 +184,15 @@ def load_runs(dirs: dict[Path, str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def idle_fracs(row: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(trainer idle, engine idle) shares of the step. Rows from before the async trainer have neither:
-    a sync step never overlaps its phases, so the trainer idles through `rollout_s` and the engine
-    through the rest."""
+    """(trainer idle, engine idle) shares of the step. A sync row that lacks one (from before the
+    async trainer, or run without the engine's activity probe) gets it from its phases, which never
+    overlap: the trainer waits through `rollout_s`, the engine at least through the rest."""
     trainer, engine = row.get("trainer_idle_frac"), row.get("engine_idle_frac")
-    if trainer is None and engine is None and row.get("mode", "sync") == "sync":
-        step, rollout = row.get("step_s"), row.get("rollout_s")
-        if step and rollout is not None:
-            trainer = min(rollout / step, 1.0)
-            engine = 1.0 - trainer
+    step, rollout = row.get("step_s"), row.get("rollout_s")
+    if row.get("mode", "sync") == "sync" and step and rollout is not None:
+        busy = min(rollout / step, 1.0)
+        trainer = busy if trainer is None else trainer
+        engine = 1.0 - busy if engine is None else engine
     return trainer, engine
 
 
@@ -217,6 +221,7 @@ def summarise_mode(rows: list[dict[str, Any]], window: int | None = None) -> dic
     wall = wall_clock(rows)
     idle = [idle_fracs(r) for r in rows]
     tps = [r["rollout_tokens_per_s"] for r in rows if r.get("rollout_tokens_per_s") is not None]
+    generated = [r["generated_tokens"] for r in rows if r.get("generated_tokens") is not None]
     trained = int(sum(float(r.get("episodes_trained") or 0) for r in rows))
     first, first_se, _ = _reward_window(rewarded[:k])
     last, last_se, _ = _reward_window(rewarded[-k:])
@@ -229,6 +234,9 @@ def summarise_mode(rows: list[dict[str, Any]], window: int | None = None) -> dic
         "train_wall_s": wall[-1],
         "step_s_median": statistics.median(float(r.get("step_s") or 0.0) for r in rows),
         "rollout_tokens_per_s_median": statistics.median(tps) if tps else None,
+        "generated_tokens_per_wall_s": sum(generated) / wall[-1]
+        if len(generated) == len(rows) and wall[-1]
+        else None,
         "trainer_idle_frac_mean": _mean([t for t, _ in idle if t is not None]),
         "engine_idle_frac_mean": _mean([e for _, e in idle if e is not None]),
         "window": k,

@@ -33,6 +33,7 @@ def rows(mode: str, step_s: float, rewards: list[float], **extra: object) -> lis
             "untrainable": 0,
             "episodes_trained": 12,
             "rollout_tokens_per_s": 40.0 if mode == "sync" else 30.0,
+            "generated_tokens": 1000,
             "rollout_s": 0.75 * step_s,
             "update_s": 0.25 * step_s,
             "step_s": step_s,
@@ -82,7 +83,9 @@ def test_from_two_runs_prints_each_figure_the_ratio_and_writes_png_and_summary(t
     ratio = got[("sync_vs_async_wall_per_step", None)]
     assert ratio["value"] == pytest.approx(2.0) and ratio["goal"] == 1.5 and ratio["met"] is True
     assert got[("rollout_tokens_per_s_median", "sync")]["value"] == 40.0
-    # sync rows without idle keys: derived from the phases (the trainer waits through the rollout)
+    assert got[("generated_tokens_per_wall_s", "sync")]["value"] == pytest.approx(10.0)  # 1000 per 100 s
+    assert got[("generated_tokens_per_wall_s", "async")]["value"] == pytest.approx(20.0)
+    # sync rows without idle keys: from the phases (the trainer waits through the rollout)
     assert got[("trainer_idle_frac_mean", "sync")]["value"] == pytest.approx(0.75)
     assert got[("engine_idle_frac_mean", "sync")]["value"] == pytest.approx(0.25)
     assert got[("trainer_idle_frac_mean", "async")]["value"] == pytest.approx(0.1)
@@ -144,10 +147,12 @@ def test_two_runs_of_one_mode_or_a_missing_metrics_file_say_what_to_pass(tmp_pat
 
 
 def test_dry_run_summarises_the_out_dirs_of_an_earlier_run(tmp_path, capsys):
-    write(tmp_path / "sync", rows("sync", 60.0, RISING))
+    write(tmp_path / "sync", rows("sync", 60.0, RISING, trainer_idle_frac=0.5, engine_idle_frac=None))
     train_async.main(["--dry-run", "--modes", "sync", "--out", str(tmp_path)])
     got = lines(capsys.readouterr().out)
     assert got[("wall_per_step_s", "sync")]["value"] == pytest.approx(60.0)
+    assert got[("trainer_idle_frac_mean", "sync")]["value"] == 0.5  # a recorded share wins
+    assert got[("engine_idle_frac_mean", "sync")]["value"] == 0.25  # a missing one: the update's share
     assert ("sync_vs_async_wall_per_step", None) not in got  # one mode: nothing to compare
     assert (tmp_path / train_async.PNG).read_bytes()[:8] == PNG_MAGIC
 
