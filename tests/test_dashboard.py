@@ -173,6 +173,23 @@ def test_every_segment_is_shown_and_the_token_view_takes_one_at_a_time(tmp_path:
         assert beyond.status_code == 404 and "has 2 segment(s)" in beyond.json()["detail"]
 
 
+def test_the_token_view_gives_each_tokens_policy_version(tmp_path: Path, codec) -> None:
+    segments = two_segment_result(codec, versions=True).segments
+    with TestClient(create_app(DashboardConfig([segmented_run(tmp_path / "v", codec, versions=True)]))) as c:
+        ep = c.get("/api/runs/0/episodes/seg-001/0").json()
+        assert [s["versions"] for s in ep["segments"]] == [[0, 1], [2, 3]]
+        url = "/api/runs/0/episodes/seg-001/0/tokens"
+        for i, traj in enumerate(segments):
+            data = c.get(url, params={"segment": i}).json()
+            assert data["versions"] == [-1] * len(traj.prompt_ids) + traj.response_versions
+            assert data["version_range"] == list(traj.version_range)
+    # An engine that did not say: unknown, not a guess.
+    with TestClient(create_app(DashboardConfig([segmented_run(tmp_path / "u", codec)]))) as c:
+        data = c.get("/api/runs/0/episodes/seg-001/0/tokens").json()
+        assert data["versions"] is None and data["version_range"] is None
+        assert c.get("/api/runs/0/episodes/seg-001/0").json()["segments"][0]["versions"] is None
+
+
 def test_secrets_are_redacted_everywhere(client: TestClient, stored, smol_tokenizer) -> None:
     key = next(k for k, r in stored.items() if r["exit_reason"] == "max_turns")
     assert SECRET in json.dumps(stored[key]["messages"])  # the runner did not know it

@@ -2,7 +2,7 @@
 
 The server is the real `uniagent dashboard` process over a real replay run (dashboard_helpers).
 Screenshots land in artifacts/ (git-ignored): dashboard_runs.png, dashboard_episodes.png,
-dashboard_episode.png, dashboard_tokens.png and dashboard_segments.png.
+dashboard_episode.png, dashboard_tokens.png, dashboard_segments.png and dashboard_versions.png.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def live_dir(tmp_path_factory, run_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def segmented_dir(tmp_path_factory, codec: ChatCodec) -> Path:
-    return segmented_run(tmp_path_factory.mktemp("dash_segments"), codec)
+    """Two segments whose tokens carry policy versions (an async trainer's episode)."""
+    return segmented_run(tmp_path_factory.mktemp("dash_segments"), codec, versions=True)
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +228,43 @@ def test_the_segment_switcher_shows_one_segment_at_a_time(page, server, segmente
     assert ids == len(second["prompt_ids"]) + len(second["response_ids"])
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard_segments.png"), full_page=False)
+
+
+def test_the_token_view_shows_policy_versions_and_their_changes(page, server, segmented_dir: Path) -> None:
+    """An async trainer's episode: each model token's version on hover, a band per version and a
+    marker where the version changes (between turns, and inside the partial-rollout turn)."""
+    store = RunStore(segmented_dir / "run.db", readonly=True)
+    (row,) = list(store.rows())
+    store.close()
+    first, second = row["segments"]
+    page.goto(server.url + "#/run/2/ep/seg-001/0")
+    page.click("#token-link")
+    page.wait_for_selector("#tokens .t")
+    assert page.locator("#version-range").inner_text() == "v0–v1"
+    assert page.locator("#version-legend").inner_text() == "policy versions v0 → v1"
+    n = len(first["prompt_ids"])
+    shown = page.eval_on_selector_all("#tokens .t[data-v]", "ts => ts.map(t => [+t.dataset.i, +t.dataset.v])")
+    tags = zip(first["response_versions"], first["response_mask"], strict=True)
+    assert shown == [[n + i, v] for i, (v, m) in enumerate(tags) if m]
+    markers = page.eval_on_selector_all(
+        "#tokens .version-marker", "ms => ms.map(m => [m.innerText, +m.nextElementSibling.dataset.i])"
+    )
+    turn2 = next(s for s in first["spans"] if s["kind"] == "model" and s["turn"] == 1)
+    assert markers == [["v0 → v1", n + turn2["start"]]]
+    banded = "ts => ts.map(t => t.classList.contains('vband-' + (t.dataset.v % 2)))"
+    assert set(page.eval_on_selector_all("#tokens .t[data-v]", banded)) == {True}
+    page.hover(f"#tokens .t[data-i='{n + turn2['start']}']")
+    page.locator("#tip").wait_for(state="visible")
+    assert "policy version v1" in page.locator("#tip").inner_text()
+    # The second segment: its one turn was interrupted by a weight update halfway (v2 then v3).
+    page.click("#segment-switch a[data-segment='1']")
+    page.wait_for_selector("#segment-switch a.current[data-segment='1']")
+    page.wait_for_selector("#tokens .version-marker")
+    versions = second["response_versions"]
+    cut = len(second["prompt_ids"]) + versions.index(3)
+    assert page.eval_on_selector_all(
+        "#tokens .version-marker", "ms => ms.map(m => [m.innerText, +m.nextElementSibling.dataset.i])"
+    ) == [["v2 → v3", cut]]
+    assert page.locator("#version-legend").inner_text() == "policy versions v2 → v3"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_versions.png"), full_page=False)

@@ -28,6 +28,7 @@ from uniagent.models.registry import tokenizer_spec
 from uniagent.redact import MASK, Redactor, redact_logs
 from uniagent.runner.store import RunStore, store_path
 from uniagent.runner.summary import summarize
+from uniagent.tokens.trajectory import version_range
 
 COOKIE = "uniagent_dashboard_token"
 ASSETS = {"app.js", "style.css", "training.js"}
@@ -193,6 +194,7 @@ def segment_summary(index: int, traj: dict[str, Any]) -> dict[str, Any]:
         "drift": traj.get("drift"),
         "drift_kind": traj.get("drift_kind"),
         "finish_reasons": traj.get("finish_reasons"),
+        "versions": version_range(traj.get("response_versions") or [], mask),
     }
 
 
@@ -410,7 +412,9 @@ def create_app(config: DashboardConfig) -> FastAPI:
         sample: int,
         segment: int = Query(0, description="which segment of the episode (0: the first)"),
     ) -> Any:
-        """Every token of one segment: [id, text, mask, logprob]; prompt tokens are context (mask 0)."""
+        """Every token of one segment: [id, text, mask, logprob]; prompt tokens are context (mask 0).
+        `versions`: the policy version of each token (-1: not generated in this segment), or None
+        when the engine did not say; `version_range`: the oldest and newest of the model tokens."""
         run, row = get_row(rid, instance_id, sample)
         segments = row.get("segments") or []
         if not segments:
@@ -433,6 +437,8 @@ def create_app(config: DashboardConfig) -> FastAPI:
         shown = redact_pieces(pieces, redactor)
         mask = [0] * len(prompt) + list(traj.get("response_mask") or [])
         logprobs = [0.0] * len(prompt) + list(traj.get("response_logprobs") or [])
+        tags = list(traj.get("response_versions") or [])
+        known = len(tags) == len(response)
         # A redacted token's id would give the secret back to anyone with the tokenizer: null.
         ids: list[int | None] = [
             None if a != b else tid for tid, a, b in zip(prompt + response, shown, pieces, strict=True)
@@ -455,6 +461,8 @@ def create_app(config: DashboardConfig) -> FastAPI:
                 for s in traj.get("spans") or []
             ],
             "special": sorted(special & set(prompt + response)),
+            "versions": [-1] * len(prompt) + tags if known else None,
+            "version_range": version_range(tags, mask[len(prompt) :]),
             "tokens": [
                 [tid, piece, m, round(float(lp), 5)]
                 for tid, piece, m, lp in zip(ids, pieces, mask, logprobs, strict=False)

@@ -329,7 +329,7 @@ async function episodePage(rid, iid, sample) {
   // One token view per segment: a segment began at the start, or when the history was condensed or rewritten.
   const segLinks = segs
     .map((s) => `<li data-segment="${s.index}"><a class="segment-link" href="${base}/tokens?segment=${s.index}">segment ${s.index}: ${esc(s.reason)}</a>
-      <span class="muted">${s.prompt_tokens} prompt + ${s.response_tokens} response tokens (${s.model_tokens} model, ${s.context_tokens} context)${s.drift !== null && s.drift !== undefined ? ` · drift at ${s.drift}${s.drift_kind ? ` (${esc(s.drift_kind)})` : ""}` : ""}</span></li>`)
+      <span class="muted">${s.prompt_tokens} prompt + ${s.response_tokens} response tokens (${s.model_tokens} model, ${s.context_tokens} context)${s.drift !== null && s.drift !== undefined ? ` · drift at ${s.drift}${s.drift_kind ? ` (${esc(s.drift_kind)})` : ""}` : ""}${s.versions ? ` · policy version${s.versions[0] === s.versions[1] ? ` v${s.versions[0]}` : `s v${s.versions[0]}–v${s.versions[1]}`}` : ""}</span></li>`)
     .join("");
   view.innerHTML = `<h1 id="ep-title">${esc(ep.instance_id)} <span class="muted">sample ${sample}</span></h1>
     <div class="stats">
@@ -356,6 +356,20 @@ function shade(logprob) {
   return `hsl(${Math.round(120 * p)}, 70%, ${Math.round(88 - 28 * (1 - p))}%)`;
 }
 
+// Policy versions: each model token was sampled by one version of the policy (an async trainer's
+// engine lags the trainer; a partial rollout switches version mid-turn). Versions alternate between
+// two bands so a change is visible; a marker "v3 → v4" stands where the version changes.
+function versionLegend(data) {
+  const r = data.version_range;
+  if (!data.versions) return '<span id="version-legend" class="muted">policy versions unknown (the engine did not say)</span>';
+  if (!r) return "";
+  if (r[0] === r[1]) return `<span id="version-legend">policy version v${r[0]}</span>`;
+  const seen = [];
+  data.versions.forEach((v, i) => { if (data.tokens[i][2] && seen[seen.length - 1] !== v) seen.push(v); });
+  const band = (v) => `<i class="vband-${((v % 2) + 2) % 2}"></i>`;
+  return `<span id="version-legend">policy versions ${seen.map((v) => `${band(v)}v${v}`).join(" → ")}</span>`;
+}
+
 function segmentSwitch(base, data) {
   // One link per segment; the address picks the segment, so a view can be linked to.
   if (data.segments.length < 2) return "";
@@ -375,6 +389,9 @@ async function tokenPage(rid, iid, sample, params) {
   const special = new Set(data.special);
   // Segments: the prompt, then the trajectory's spans (already offset by the prompt length).
   const segs = [{ start: 0, end: data.prompt_len, kind: "prompt", role: "prompt", turn: -1 }, ...data.spans];
+  const versions = data.versions;
+  const banded = !!(data.version_range && data.version_range[0] !== data.version_range[1]);
+  let lastVersion = null;
   const covered = segs.length ? segs[segs.length - 1].end : 0;
   if (covered < toks.length) segs.push({ start: covered, end: toks.length, kind: "context", role: "uncovered", turn: -1 });
   let html = "";
@@ -383,12 +400,19 @@ async function tokenPage(rid, iid, sample, params) {
     html += `<span class="seg ${s.kind}" data-kind="${s.kind}" data-start="${s.start}" data-end="${s.end}" data-role="${esc(s.role)}">`;
     for (let i = s.start; i < s.end; i++) {
       const [id, text, m, lp] = toks[i];
+      const v = versions && m ? versions[i] : null;
+      if (v !== null && lastVersion !== null && v !== lastVersion) {
+        html += `<span class="version-marker" data-from="${lastVersion}" data-to="${v}" title="the policy was updated: from here tokens were sampled by v${v}">v${lastVersion} → v${v}</span>`;
+      }
+      if (v !== null) lastVersion = v;
       if (i === data.drift) html += `<span class="drift-marker" id="drift-marker" title="drift: the running sequence differs from a full render from here">▼ drift</span>`;
       const redacted = id === null;
       const shown = redacted ? text || "▪" : text.replace(/\n/g, "↵\n") || "∅";
       const style = m && !redacted ? ` style="background:${shade(lp)}"` : "";
-      const cls = (special.has(id) ? " special" : "") + (i === data.drift ? " drift" : "") + (redacted ? " redacted" : "");
-      html += `<span class="t${cls}" data-i="${i}" data-m="${m}"${style}>${esc(shown)}</span>`;
+      const cls = (special.has(id) ? " special" : "") + (i === data.drift ? " drift" : "") + (redacted ? " redacted" : "")
+        + (banded && v !== null ? ` vband-${((v % 2) + 2) % 2}` : "");
+      const ver = v !== null ? ` data-v="${v}"` : "";
+      html += `<span class="t${cls}" data-i="${i}" data-m="${m}"${ver}${style}>${esc(shown)}</span>`;
     }
     html += `</span>`;
   }
@@ -401,10 +425,12 @@ async function tokenPage(rid, iid, sample, params) {
       <div class="stat"><div class="v">${model}</div><div class="k">model (mask 1)</div></div>
       <div class="stat"><div class="v">${toks.length - data.prompt_len - model}</div><div class="k">context in response (mask 0)</div></div>
       <div class="stat"><div class="v">${data.drift === null ? "none" : data.drift}</div><div class="k">drift at</div></div>
+      <div class="stat"><div class="v" id="version-range">${!data.versions ? "unknown" : !data.version_range ? "–" : data.version_range[0] === data.version_range[1] ? `v${data.version_range[0]}` : `v${data.version_range[0]}–v${data.version_range[1]}`}</div><div class="k">policy version</div></div>
     </div>
     <div class="legend"><span><i style="background:var(--prompt)"></i>prompt</span><span><i style="background:var(--context)"></i>context (mask 0)</span>
       <span><i style="background:${shade(0)}"></i>model, p≈1</span><span><i style="background:${shade(Math.log(0.5))}"></i>p=0.5</span><span><i style="background:${shade(Math.log(0.05))}"></i>p=0.05</span>
-      <span class="muted">tokenizer: ${esc(data.tokenizer)} · hover a token for id, text and logprob</span>
+      ${versionLegend(data)}
+      <span class="muted">tokenizer: ${esc(data.tokenizer)} · hover a token for id, text, logprob and version</span>
       ${data.drift !== null ? '<a href="#" id="goto-drift">jump to drift</a>' : ""}</div>
     <div id="tokens">${html}</div>`;
   const box = document.getElementById("tokens");
@@ -414,7 +440,7 @@ async function tokenPage(rid, iid, sample, params) {
     const i = +el.dataset.i;
     const [id, text, m, lp] = toks[i];
     const seg = el.parentElement.dataset;
-    tip.textContent = `#${i}  id ${id === null ? "(redacted)" : id}\ntext ${JSON.stringify(text)}\n${m ? "model" : "context"} (mask ${m}) · ${seg.role}\nlogprob ${m ? lp.toFixed(4) + `  (p=${Math.exp(lp).toFixed(3)})` : "–"}${i === data.drift ? "\nDRIFT starts here" : ""}`;
+    tip.textContent = `#${i}  id ${id === null ? "(redacted)" : id}\ntext ${JSON.stringify(text)}\n${m ? "model" : "context"} (mask ${m}) · ${seg.role}\nlogprob ${m ? lp.toFixed(4) + `  (p=${Math.exp(lp).toFixed(3)})` : "–"}${m ? `\npolicy version ${versions ? "v" + versions[i] : "unknown"}` : ""}${i === data.drift ? "\nDRIFT starts here" : ""}`;
     tip.hidden = false;
   });
   box.addEventListener("mousemove", (ev) => {
