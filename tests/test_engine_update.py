@@ -251,3 +251,15 @@ async def test_closing_fails_a_pending_update(models, prompts):
     with pytest.raises(EngineError, match="closed"):
         engine.update_weights(None, 7).result(timeout=1)
     assert engine.version == 5
+
+
+async def test_a_copy_that_fails_half_way_stops_the_engine(models, states):
+    """Half-copied weights are neither version: the update fails and so does the engine, loudly."""
+    engine = LocalEngine.from_model(models[0])
+    broken = {**states[0], NOISY: torch.empty(states[0][NOISY].shape, device="meta")}  # copies fail
+    with pytest.raises(EngineError, match="version 1 failed"):
+        await asyncio.wrap_future(engine.update_weights(broken, 1))
+    with pytest.raises(EngineError, match=r"closed|crashed"):  # refused, or failed by the stopping worker
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=1), "after")
+    await engine.aclose()
+    assert engine.version == 0

@@ -375,9 +375,11 @@ class LocalEngine:
     def _due_update(self, batch: Batch | None) -> WeightUpdate | None:
         """The next weight update to apply now: any when idle, only an interrupting one mid-batch."""
         with self._cond:
+            while self._updates and self._updates[0].future.cancelled():  # dropped by its caller
+                self._updates.popleft()
             while self._updates and not self._closing and (batch is None or self._updates[0].interrupt):
                 update = self._updates.popleft()
-                if update.future.set_running_or_notify_cancel():  # False: the caller cancelled it
+                if update.future.set_running_or_notify_cancel():  # False: cancelled just now
                     return update
             return None
 
@@ -390,9 +392,13 @@ class LocalEngine:
         except EngineError as exc:
             resolve(update.future, exc)
             return batch
+        try:
+            copy_state(pairs)  # a failure here leaves weights half-copied: the worker stops (see _worker)
+        except BaseException as exc:
+            resolve(update.future, EngineError(f"weight update to version {update.version} failed: {exc!r}"))
+            raise
         resumed = self._batches.interrupt(batch)
         self._prefixes.clear()
-        copy_state(pairs)
         self._batches.version = update.version
         self._stats.weight_updates += 1
         self._stats.interrupted += len(resumed)
