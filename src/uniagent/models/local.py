@@ -80,6 +80,7 @@ class LocalEngine:
         max_model_len: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         version: int = 0,
+        threads: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -103,6 +104,7 @@ class LocalEngine:
         self._pending: collections.deque[Request] = collections.deque()
         self._updates: collections.deque[WeightUpdate] = collections.deque()
         self._version = int(version)
+        self._threads = threads  # torch threads of the worker (None: torch's default)
         self._cond = threading.Condition()
         self._closing = False
         self._ready = threading.Event()
@@ -295,8 +297,11 @@ class LocalEngine:
 
         libgomp throttles its spin-waits once more than one thread owns an OpenMP team on a machine
         with few cores; a model loaded in one thread and run in another then decodes ~1.5x slower on
-        CPU. Keeping load and decode in this thread avoids creating that second team.
+        CPU. Keeping load and decode in this thread avoids creating that second team. `threads` caps
+        this thread's torch threads (a trainer updating on the other cores sets it).
         """
+        if self._threads:
+            torch.set_num_threads(self._threads)
         if loader is not None:
             try:
                 self._adopt(loader(), owned=True)
