@@ -711,6 +711,38 @@ def test_legacy_worker_gets_the_last_segment_and_what_was_left_out(
     assert nt["segments_dropped"][0] == 1 and nt["dropped_model_tokens"][0] == first.num_model_tokens
 
 
+@pytest.mark.parametrize(
+    ("settings", "exit_reason", "cut", "why"),
+    [
+        ({}, "max_turns", True, None),  # the defaults are verl's: every episode trains
+        ({"unfinished": "baseline_only"}, "max_turns", False, "unfinished"),
+        ({"unfinished": "baseline_only"}, "finished", False, None),
+        ({"overlong_filter": True}, "finished", True, "overlong"),
+        ({"overlong_filter": True}, "finished", False, None),
+    ],
+)
+def test_unfinished_and_overlong_episodes_keep_their_reward_without_gradient(
+    base_config, tokenizer, codec, data_dir, crafted_episodes, settings, exit_reason, cut, why
+) -> None:
+    """`+uniagent.unfinished=baseline_only` / `+uniagent.overlong_filter=True` (what `uniagent train
+    --engine verl` makes of the local trainer's algo.unfinished / algo.overlong_filter): the sample
+    keeps its reward, so it stays in its prompt group's baseline, with an all-zero mask (no gradient),
+    and says why; `cut`: its last turn stopped at max_tokens."""
+    from uniagent.agent.result import ExitReason
+
+    crafted_episodes[GOLD] = episode = segmented_episode(codec, GOLD, 1.0)
+    episode.exit_reason = ExitReason(exit_reason)
+    if cut:
+        episode.segments[-1].finish_reasons[-1] = "length"
+    config = make_config(base_config, uniagent=settings)
+    worker = make_worker(config, EngineServer(None), tokenizer)
+    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+    sample, nt = unpad(out, 0), out.non_tensor_batch
+    assert sample["score"] == 1.0 and nt["no_gradient"][0] == why and nt["trainable"][0]
+    last = episode.segments[-1]
+    assert sample["mask"] == ([0] * len(last.response_mask) if why else last.response_mask)
+
+
 def _v1_worker(config, tokenizer):
     """verl's V1 worker class (`AgentLoopWorkerTQ`, the Ray actor's own class), set up like
     `make_worker`; its `_run_agent_loop` and `_agent_loop_postprocess` run unmodified."""

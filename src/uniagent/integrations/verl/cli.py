@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         data_source: str | None = typer.Option(None, help="verl data_source (default uniagent/FAMILY)"),
         family: str | None = typer.Option(None, help="task family, when it cannot be detected"),
         limit: int | None = typer.Option(None, min=1, help="only the first N tasks"),
+        ids: list[str] | None = typer.Option(None, "--id", help="only these task ids (repeat the flag)"),
     ) -> None:
         """Write verl parquet files (prompt, agent_name, data_source, reward_model, extra_info)."""
         from uniagent.integrations.verl.data import prepare
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
             data_source=data_source,
             family=family,
             limit=limit,
+            ids=ids,
         )
         console.print(f"train: {report['n_train']} rows -> {report['train']}")
         console.print(f"val:   {report['n_val']} rows -> {report['val']}")

@@ -98,13 +98,15 @@ def prepare(
     data_source: str | None = None,
     family: str | None = None,
     limit: int | None = None,
+    ids: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Write OUTPUT/train.parquet and OUTPUT/val.parquet; return paths and counts."""
+    """Write OUTPUT/train.parquet and OUTPUT/val.parquet; return paths and counts. `family`, `limit`,
+    `ids` select tasks as `uniagent run` and the local trainer do."""
     from uniagent.tasks import load_tasks
 
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    loaded = load_tasks(tasks, family=family, limit=limit)
+    loaded = load_tasks(tasks, family, limit, ids or None)
     if not loaded:
         raise ConfigError(f"{tasks} holds no tasks")
     source = tasks if tasks.startswith("builtin:") else str(Path(tasks).resolve())

@@ -109,13 +109,27 @@ def resolve_overrides(recipe: dict[str, Any], overrides: list[str]) -> list[str]
 
 def build_command(recipe: str | Path, overrides: list[str]) -> list[str]:
     """The exact `python -m verl...` command for `recipe` plus `overrides`, its uniagent settings checked
-    (agent-loop YAML entries with the `uniagent.*` overrides applied) before anyone runs it."""
+    (agent-loop YAML entries with the `uniagent.*` overrides applied) before anyone runs it.
+    `recipe` may also be a local train config (`local_config.py`): it is translated onto its mode's
+    base recipe first."""
+    return _plan(recipe, overrides)[0]
+
+
+def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any]:
+    """The command, and the local config's `Translation` when `recipe` is one (else None)."""
+    from uniagent.integrations.verl import local_config
     from uniagent.integrations.verl.settings import check_overrides
 
+    translation = None
+    if local_config.is_local_config(recipe):
+        translation, rest = local_config.from_local_config(recipe, list(overrides))
+        recipe, overrides = translation.recipe, [*translation.overrides, *rest]
     data = load_recipe(recipe)
+    if translation is not None and data["entrypoint"] != translation.entrypoint:
+        raise ConfigError(f"{data['path']}: a base recipe for {translation.entrypoint} is needed")
     resolved = resolve_overrides(data, list(overrides))
     check_trainer_path(data["entrypoint"], resolved, check_overrides(resolved))
-    return [sys.executable, "-m", data["entrypoint"], *resolved]
+    return [sys.executable, "-m", data["entrypoint"], *resolved], translation
 
 
 def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, Any]) -> None:
@@ -143,6 +157,11 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
 
 
 def launch(recipe: str | Path, overrides: list[str]) -> int:
-    """Run the recipe's command in the foreground; its exit status is ours."""
-    command = build_command(recipe, overrides)
+    """Run the recipe's command in the foreground; its exit status is ours. A local train config's
+    tasks are written as verl parquet first (`local_config.prepare_data`)."""
+    command, translation = _plan(recipe, overrides)
+    if translation is not None:
+        from uniagent.integrations.verl.local_config import prepare_data
+
+        prepare_data(translation.cfg)
     return subprocess.call(command)

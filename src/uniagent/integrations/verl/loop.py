@@ -82,6 +82,7 @@ from uniagent.parsers import get_parser
 from uniagent.redact import setting_secrets, shared_redactor
 from uniagent.tasks.episode import run_episode
 from uniagent.tokens import ChatCodec, Trajectory
+from uniagent.train.filters import is_overlong, is_unfinished
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +230,23 @@ class UniAgentLoop(AgentLoopBase):
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             untrainable_mask=self.settings.untrainable_mask,
+            no_gradient=no_gradient_reason(result, self.settings),
             engine=engine,
             request_id=request_id,
             all_segments=takes_several_outputs(kwargs),
         )
+
+
+def no_gradient_reason(result: EpisodeResult, settings: UniAgentLoopSettings) -> str | None:
+    """Why a trainable episode keeps its reward in its group but gets no gradient (an all-zero mask):
+    the local trainer's rules (`train/filters.py`), which verl's group baseline then follows."""
+    if not result.trainable:
+        return None
+    if settings.unfinished == "baseline_only" and is_unfinished(result):
+        return "unfinished"
+    if settings.overlong_filter and is_overlong(result):
+        return "overlong"
+    return None
 
 
 def takes_several_outputs(row: dict[str, Any]) -> bool:
@@ -280,6 +294,7 @@ def episode_output(
     prompt_length: int,
     response_length: int,
     untrainable_mask: Literal["zero", "keep"] = "zero",
+    no_gradient: str | None = None,
     engine: VerlEngine | None = None,
     request_id: str | None = None,
     segment: Trajectory | None = None,
@@ -307,11 +322,14 @@ def episode_output(
     # what the policy produced (`untrainable_reason`), so they never keep a mask.
     if not trainable and (untrainable_mask == "zero" or metrics.get("untrainable_reason")):
         mask = [0] * len(mask)
+    if no_gradient:  # in the group's baseline (its reward stays), no gradient (`no_gradient_reason`)
+        mask = [0] * len(mask)
     reward = float(result.reward.value) if result.reward is not None else 0.0
     extra_fields: dict[str, Any] = {
         "exit_reason": result.exit_reason.value,
         "trainable": trainable,
         "untrainable_reason": metrics.get("untrainable_reason"),
+        "no_gradient": no_gradient,
         "drift": None if traj is None else traj.drift,
         "segment_index": segment_index,
         "segment_reason": None if traj is None else traj.reason,

@@ -59,6 +59,17 @@ class UniAgentLoopSettings(BaseModel):
         le=1.0,
         description="a batch of a worker with more infrastructure failures than this share fails the step",
     )
+    overlong_filter: bool = Field(
+        False,
+        description="DAPO overlong filtering (the local trainer's algo.overlong_filter): an episode cut by a "
+        "length limit keeps its reward in its group's baseline with an all-zero mask (no gradient)",
+    )
+    unfinished: Literal["count", "baseline_only"] = Field(
+        "count",
+        description="the local trainer's algo.unfinished: count = trained with its reward (verl); "
+        "baseline_only = an unfinished episode keeps its reward in the group with an all-zero mask. "
+        "(`drop` has no counterpart: verl's group is every sample of its prompt)",
+    )
     server_params: dict[str, Any] = Field(default_factory=dict, description="extra sampling keys for verl")
     max_resumes: int = Field(50, ge=0, description="aborted turns resumed before model_error")
     resume_delay_s: float = Field(1.0, ge=0.0)
@@ -85,11 +96,18 @@ def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSetting
 
 
 def merge_settings(yaml_kwargs: dict[str, Any], section: dict[str, Any] | None) -> dict[str, Any]:
-    """The YAML entry's keys with the trainer config's `uniagent:` section on top (dicts merge)."""
+    """The YAML entry's keys with the trainer config's `uniagent:` section on top (dicts merge, except
+    a dict naming another `type`, e.g. a local sandbox over a container one: it replaces the entry's,
+    whose keys belong to the other type)."""
     merged = dict(yaml_kwargs)
     for key, value in (section or {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
+        old = merged.get(key)
+        if (
+            isinstance(value, dict)
+            and isinstance(old, dict)
+            and value.get("type", old.get("type")) == old.get("type")
+        ):
+            merged[key] = {**old, **value}
         else:
             merged[key] = value
     return merged
