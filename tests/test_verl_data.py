@@ -182,6 +182,9 @@ def test_every_recipe_composes_against_verls_config() -> None:
         else:
             assert command[2] == "verl.trainer.main_ppo"
             validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        if cfg.actor_rollout_ref.actor.policy_loss.loss_mode != "vanilla":
+            # verl's bypass mode would swap the loss for PPO-clip (rollout_corr_helper.apply_bypass_mode)
+            assert cfg.algorithm.rollout_correction.bypass_mode is False, name
         swe = name.startswith("swe")
         assert rollout.agent.default_agent_loop == ("uniagent_swe" if swe else "uniagent")
     # the negative control: strict composition does reject a key verl lacks

@@ -268,6 +268,34 @@ def test_knobs_verl_cannot_follow_are_refused_or_reported(caplog, tmp_path: Path
         translate(_config("sync", **{"model.spec": str(tmp_path / "m.gguf")}))
 
 
+def test_bypass_mode_only_where_verl_keeps_the_loss_mode() -> None:
+    """verl's bypass mode (pi_old = the rollout's logprobs, what the local trainer does) swaps the
+    configured loss for its own PPO-clip, as verl's `apply_bypass_mode` shows on a real batch; so only
+    vanilla translates to bypass, other losses run decoupled, and in async mode without IS weights
+    (no staleness correction then) the translation says so."""
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+
+    loss = OmegaConf.create({"loss_mode": "gspo"})
+    batch = DataProto.from_dict(tensors={"rollout_log_probs": torch.zeros(1, 2)})
+    apply_bypass_mode(batch, OmegaConf.create({"bypass_mode": True}), loss)
+    assert loss.loss_mode == "bypass_mode"
+
+    def bypass(mode: str, **sets: Any) -> tuple[bool, list[str]]:
+        t = translate(_config(mode, **sets))
+        return t.values["algorithm.rollout_correction.bypass_mode"], t.dropped
+
+    assert bypass("async") == (True, [])
+    assert bypass("sync", **{"algo.loss_mode": "gspo"}) == (False, [])
+    off, dropped = bypass("async", **{"algo.loss_mode": "gspo"})
+    assert not off and dropped[0].startswith("algo.rollout_correction=")
+    assert bypass("async", **{"algo.loss_mode": "gspo", "algo.rollout_correction.rollout_is": "token"}) == (
+        False,
+        [],
+    )
+
+
 def test_hydra_values_round_trip() -> None:
     assert override("a.b", None) == "a.b=null" and override("a.b", [0.9, 0.999]) == "a.b=[0.9,0.999]"
     assert override("uniagent.x", "none") == "+uniagent.x=none"

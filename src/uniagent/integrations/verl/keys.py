@@ -3,11 +3,11 @@
 `uniagent train --engine verl --config LOCAL.yaml` moves an experiment written for the local trainer
 to a cluster: `translate` turns each setting into hydra overrides of verl's trainer config (or of
 `UniAgentLoop`'s `uniagent.*` settings), converting units where they differ, and picks verl's entry
-point from `trainer.mode`. A setting verl has no counterpart for says so (`Knob.why`), and when its
-value changes what the local trainer does (`Knob.diverges`) the translation lists it in `dropped`,
-so a launch never silently runs a different experiment. `tests/test_verl_keys.py` walks
-`TrainConfig` and fails on a field with neither a mapping nor a reason, and composes verl's own
-config to check that every key named here exists.
+point from `trainer.mode`. A setting verl has no counterpart for says so (`Knob.why`), and when
+this config's value makes verl do something else than the local trainer (`Knob.diverges`) the
+translation lists it in `dropped` (a warning at launch), so no launch silently runs another
+experiment. `tests/test_verl_keys.py` walks `TrainConfig` and fails on a field with neither a
+mapping nor a reason, and composes verl's own config to check that every key named here exists.
 
 The unit conversions, read from verl 0.9.1:
 
@@ -50,8 +50,8 @@ class Knob:
     """How one local setting (or a whole section, `subtree`) reaches verl.
 
     `keys`: every verl key (`uniagent.*`: a UniAgentLoop setting) `to_verl` may set; empty for a
-    local-only setting. `why`: the conversion, or why verl has no counterpart. `diverges`: for a
-    local-only setting, whether this config's value does something verl will not do."""
+    local-only setting. `why`: the conversion, or why verl has no counterpart. `diverges`: whether
+    verl, given this config's value, will do something else than the local trainer."""
 
     keys: tuple[str, ...]
     why: str
@@ -179,12 +179,18 @@ def _output(cfg: TrainConfig) -> Values:
     return {"trainer.default_local_dir": str(out / "checkpoints"), "trainer.experiment_name": out.name}
 
 
+def _bypass(cfg: TrainConfig) -> bool:
+    """verl's bypass mode (pi_old = the rollout's logprobs, as locally) only where it keeps the loss:
+    `rollout_corr_helper.apply_bypass_mode` replaces `loss_mode` with its own PPO-clip loss."""
+    return cfg.algo.rollout_correction.rollout_is is None and cfg.algo.loss_mode == "vanilla"
+
+
 def _rollout_correction(cfg: TrainConfig) -> Values:
     corr = cfg.algo.rollout_correction
     return {
         "algorithm.rollout_correction.rollout_is": corr.rollout_is,
         "algorithm.rollout_correction.rollout_is_threshold": corr.threshold_spec,
-        "algorithm.rollout_correction.bypass_mode": corr.rollout_is is None,
+        "algorithm.rollout_correction.bypass_mode": _bypass(cfg),
     }
 
 
@@ -308,8 +314,12 @@ KNOBS: dict[str, Knob] = {
             "algorithm.rollout_correction.bypass_mode",
         ),
         "rollout_is as is; the threshold pair as verl's spec (upper, or 'lower_upper' for IcePop); "
-        "bypass_mode = rollout_is is null (pi_old is the engine's logprobs, as locally)",
+        "bypass_mode (pi_old = the rollout's logprobs, as locally) when rollout_is is null and loss_mode is "
+        "vanilla: verl's bypass mode swaps any other loss_mode for PPO-clip, so gspo & co. run decoupled "
+        "(pi_old recomputed by the trainer), which in async mode no longer corrects for staleness: set "
+        "rollout_is=token there",
         _rollout_correction,
+        diverges=lambda c: _is_async(c) and not _bypass(c) and c.algo.rollout_correction.rollout_is is None,
         subtree=True,
     ),
     "algo.filter_groups.enable": Knob(

@@ -95,7 +95,7 @@ def translate(cfg: TrainConfig) -> Translation:
                 values[key] = value
                 below = key.removeprefix(knob.keys[0]) if key.startswith(knob.keys[0] + ".") else ""
                 sources.setdefault(key, path + below)
-        elif knob.diverges is not None and knob.diverges(cfg):
+        if knob.diverges is not None and knob.diverges(cfg):
             dropped.append(f"{path}={keys.local_value(cfg, path)!r}: {knob.why}")
     mode = cfg.trainer.mode
     return Translation(cfg, keys.ENTRY_FOR_MODE[mode], BASE_RECIPE[mode], values, sources, dropped)
