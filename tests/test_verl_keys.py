@@ -389,3 +389,20 @@ def test_launch_prepares_the_local_configs_data_first(tmp_path: Path, monkeypatc
     assert code == 0
     frame = pd.read_parquet(tmp_path / "data/verl/starter-limit4/train.parquet")
     assert len(frame) == 4 and not (tmp_path / "data/verl/starter-limit4/val.parquet").exists()
+
+
+def test_data_prepare_takes_the_local_configs_task_ids(tmp_path: Path) -> None:
+    """`tasks.ids` reaches verl through `uniagent data prepare --id` (the command `--print` names)."""
+    import pandas as pd
+
+    from uniagent.cli import app
+    from uniagent.integrations.verl.local_config import prepare_command
+
+    cfg = build_train_config(None, ["tasks.spec=builtin:starter", "tasks.ids=[slugger-001,textkit-001]"])
+    command = prepare_command(cfg)
+    assert command[:3] == ["uniagent", "data", "prepare"] and command.count("--id") == 2
+    command[command.index("--output") + 1] = str(tmp_path)
+    result = CliRunner().invoke(app, command[1:])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(tmp_path / "train.parquet")
+    assert sorted(frame["extra_info"].map(lambda e: e["instance_id"])) == ["slugger-001", "textkit-001"]
