@@ -362,7 +362,7 @@ def test_step_with_too_many_infra_failures_stops_training(trainer, monkeypatch) 
         return EpisodeResult([], None, reason, None, error=f"{reason.value}: scripted\ndetails")
 
     def step_with(results: list[EpisodeResult]) -> dict:
-        async def rollout(tasks):
+        async def rollout(tasks, batch=0):
             return [Sample(task, "g", r) for r in results]
 
         monkeypatch.setattr(trainer, "rollout", rollout)
@@ -445,7 +445,7 @@ def test_episode_that_echoes_a_secret_is_redacted_and_not_trained_on(trainer, mo
         assert secret not in json.dumps(r.to_dict()) and token not in json.dumps(r.to_dict())
     assert trainer.update(samples)["episodes_trained"] == 0
 
-    async def rollout(tasks):  # the same samples through a whole step (the real engine's counters)
+    async def rollout(tasks, batch=0):  # the same samples through a whole step (the real engine's)
         return samples
 
     monkeypatch.setattr(trainer, "engine", engine)

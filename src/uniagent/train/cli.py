@@ -75,7 +75,9 @@ def train(
     console.print(
         f"[bold]uniagent train --engine local[/]: {cfg.trainer.steps} steps x "
         f"{cfg.trainer.tasks_per_step} tasks x {cfg.trainer.group_size} samples, "
-        f"{cfg.algo.adv_estimator}/{cfg.algo.loss_mode} -> {out}"
+        f"{cfg.algo.adv_estimator}/{cfg.algo.loss_mode}, {cfg.trainer.mode}"
+        + (f" (max_staleness {cfg.trainer.max_staleness})" if cfg.trainer.mode == "async" else "")
+        + f" -> {out}"
     )
 
     def show(row: dict) -> None:
@@ -87,6 +89,11 @@ def train(
             f"logprob gap {row.get('training/rollout_logprob_diff_mean', 0.0):.1e}"
             f"/{row.get('training/rollout_logprob_diff_max', 0.0):.1e}  "
             f"{row['rollout_tokens_per_s']:.0f} tok/s  {row['step_s']:.1f}s"
+            + (
+                f"  staleness<={row.get('staleness_max', 0)}  interrupted {row.get('interrupted', 0)}"
+                if row.get("mode") == "async"
+                else ""
+            )
         )
 
     run_local(cfg, resume=resume, on_step=show)

@@ -46,8 +46,12 @@ How a step works, and why
    `train/mismatch.py`). `algo.rollout_correction.rollout_is` (off by default: this engine serves
    the trainer's own weights, so the gap is float noise) switches to verl's decoupled mode with
    truncated importance-sampling weights in the policy loss, for rollouts from another engine.
-4. **Update**: AdamW, global grad-norm clip. Generation and update never overlap: a step starts
-   only after every rollout request has returned (checked against the engine's counters).
+4. **Update** (train/update.py): AdamW, global grad-norm clip. In `trainer.mode: sync` generation
+   and update never overlap: a step starts only after every rollout request has returned (checked
+   against the engine's counters). `trainer.mode: async` (train/async_loop.py) overlaps them with a
+   separate engine copy, weight sync with partial rollout and a staleness bound.
+5. **Filters** (train/filters.py, both modes): DAPO dynamic sampling, overlong filtering, and how
+   unfinished episodes count in a group's baseline. Checkpoints: train/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -63,14 +67,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from uniagent.agent.result import EpisodeResult, check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
-from uniagent.train import algo, mismatch, segments
+from uniagent.train import filters, segments
 from uniagent.train.config import TrainConfig
 from uniagent.train.outputs import (
     CURVE,
@@ -79,7 +82,6 @@ from uniagent.train.outputs import (
     plot_rewards,
     release_memory,
     rss_mb,
-    truncate_metrics,
 )
 
 log = logging.getLogger(__name__)
@@ -105,11 +107,22 @@ def load_train_tasks(cfg: TrainConfig) -> list[Task]:
 
 @dataclass
 class Sample:
-    """One episode of a step and the group it belongs to."""
+    """One episode of a step and the group it belongs to.
+
+    `start_version` is the policy version the engine served when the episode's group started;
+    `oldest_version` the oldest version among its model tokens (with partial rollout an episode's
+    tokens can span versions). Staleness is measured from the oldest token: it is what bounds how far
+    off-policy the update is."""
 
     task: Task
     group: str
     result: EpisodeResult
+    start_version: int = 0
+
+    @property
+    def oldest_version(self) -> int:
+        ranges = [r for seg in segments.trained_segments(self.result) if (r := seg.version_range) is not None]
+        return min(low for low, _ in ranges) if ranges else self.start_version
 
 
 class LocalTrainer:
@@ -144,14 +157,22 @@ class LocalTrainer:
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
-        self.engine = LocalEngine.from_model(self.policy, max_batch_size=cfg.model.max_batch_size)
-        self.step = 0
+        self.step = 0  # = the policy version: every optimizer step makes a new one
         self.rng = random.Random(cfg.trainer.seed)
         torch.manual_seed(cfg.trainer.seed)
+        self.async_state: dict[str, Any] = {}  # the async loop's bookkeeping, kept in checkpoints
         if resume and existing:
             self._load(existing[-1])
         elif not resume:
             (self.out / METRICS).unlink(missing_ok=True)
+        # sync: the engine serves the trainer's own parameters (an optimizer step is what the next
+        # rollout samples from); async: it serves a copy that `update_weights` refreshes between two
+        # decode steps, so rollouts never wait for an update and an update never races a forward.
+        self.shared = cfg.trainer.mode == "sync"
+        served = self.policy if self.shared else copy.deepcopy(self.policy).requires_grad_(False)
+        self.engine = LocalEngine.from_model(
+            served, max_batch_size=cfg.model.max_batch_size, version=self.step, threads=self.engine_threads
+        )
         self._writers = Writers(self.out, cfg, self.redactor)
         # Updates and saves run on one dedicated thread: a fresh pool thread per step would give each
         # its own malloc arena and OpenMP team (memory fragmentation, slower kernels on few cores).
@@ -164,14 +185,32 @@ class LocalTrainer:
         as `uniagent run` redacts what it stores: the same `uniagent.redact`."""
         return shared_redactor(setting_secrets(self.cfg.sandbox), self.codec.tokenizer)
 
+    @property
+    def engine_threads(self) -> int | None:
+        """async: the engine's torch threads (default half the cores); sync: torch's default."""
+        if self.cfg.trainer.mode == "sync":
+            return None
+        return self.cfg.trainer.engine_threads or max(1, (os.cpu_count() or 2) // 2)
+
+    @property
+    def trainer_threads(self) -> int | None:
+        if self.cfg.trainer.mode == "sync":
+            return None
+        return self.cfg.trainer.trainer_threads or max(1, (os.cpu_count() or 2) - (self.engine_threads or 1))
+
     def pick_tasks(self) -> list[Task]:
         n = min(self.cfg.trainer.tasks_per_step, len(self.tasks))
         return self.rng.sample(self.tasks, n)
 
-    async def rollout(self, tasks: list[Task]) -> list[Sample]:
-        """`group_size` episodes per task through `run_episode`, all sharing the policy's weights."""
-        from uniagent.agent.base import Agent
-        from uniagent.agent.registry import open_agent
+    def pick_task(self) -> Task:
+        """One task for one async group (drawn with replacement: groups are started one at a time)."""
+        return self.rng.choice(self.tasks)
+
+    async def run_group(
+        self, task: Task, serial: str, first_sample: int, agent: Any, gate: Any
+    ) -> list[Sample]:
+        """`group_size` episodes of `task` through `run_episode` (the code `uniagent run` and the verl
+        loop use). `serial` names the group (its GRPO index); `first_sample` seeds its episodes."""
         from uniagent.models.base import SamplingParams
         from uniagent.models.factory import episode_seed
         from uniagent.models.token_chat import TokenChatModel
@@ -179,32 +218,45 @@ class LocalTrainer:
         from uniagent.tasks.episode import run_episode
 
         cfg = self.cfg
-        gate = asyncio.Semaphore(cfg.trainer.concurrency)
         redactor = self.redactor()
+        start = self.step
 
-        async def one(task: Task, k: int, agent: Agent) -> Sample:
-            sample = self.step * cfg.trainer.group_size + k
+        async def one(k: int) -> Sample:
             sampling = SamplingParams(
                 temperature=cfg.model.temperature,
                 top_p=cfg.model.top_p,
                 max_tokens=cfg.model.max_tokens,
-                seed=episode_seed(cfg.trainer.seed, task.instance_id, sample),
+                seed=episode_seed(cfg.trainer.seed, task.instance_id, first_sample + k),
             )
-            rid = f"{task.instance_id}#{self.step}#{k}"
+            rid = f"{task.instance_id}#{serial}#{k}"
             model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
             async with gate:
                 result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
             # an episode whose tokens held a secret is not trained on (the policy would learn to say it)
             result = await asyncio.to_thread(redactor.episode, result)
-            return Sample(task, task.instance_id, result)
+            return Sample(task, f"{task.instance_id}#{serial}", result, start)
 
+        return list(await asyncio.gather(*(one(k) for k in range(cfg.trainer.group_size))))
+
+    async def rollout(self, tasks: list[Task], batch: int = 0) -> list[Sample]:
+        """One sync rollout batch: `group_size` episodes per task, all on the policy's current weights.
+        `batch` > 0 numbers the extra batches dynamic sampling asks for (their seeds differ)."""
+        from uniagent.agent.registry import open_agent
+
+        cfg = self.cfg
+        gate = asyncio.Semaphore(cfg.trainer.concurrency)
+        first = (self.step + batch * cfg.trainer.steps) * cfg.trainer.group_size
+        tag = f"{self.step}" if batch == 0 else f"{self.step}.{batch}"
         # the agent's per-run resources (a harness's gateway) serve the step's episodes
         async with open_agent(cfg.agent_kind, self.engine, self.codec) as agent:
-            jobs = [one(t, k, agent) for t in tasks for k in range(cfg.trainer.group_size)]
-            return list(await asyncio.gather(*jobs))
+            groups = [self.run_group(t, tag, first, agent, gate) for t in tasks]
+            return [s for group in await asyncio.gather(*groups) for s in group]
 
     def _assert_idle(self) -> None:
-        """Weights may change only while no generation is queued or running."""
+        """Shared weights (sync) may change only while no generation is queued or running; an async
+        engine serves its own copy, refreshed by `update_weights` between two decode steps."""
+        if not self.shared:
+            return
         s = self.engine.stats
         if s.requests != s.completed + s.failed + s.cancelled:
             raise UniAgentError(
@@ -215,130 +267,46 @@ class LocalTrainer:
     # ------------------------------------------------------------------------------- update
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step on the trainable samples; returns loss metrics."""
-        cfg = self.cfg
-        usable = [s for s in samples if s.result.trainable and segments.trained_segments(s.result)]
-        metrics: dict[str, float] = {"episodes_trained": float(len(usable))}
-        if not usable:
-            return metrics
-        rows = segments.segment_rows([s.result for s in usable])  # one row per segment (train/segments.py)
-        metrics["segments_trained"] = float(len(rows.trajectories))
-        rewards = [s.result.reward.value for s in usable]
-        batch = algo.pack(rows.trajectories)
-        advantages = segments.episode_advantages(
-            cfg.algo.adv_estimator,
-            rows,
-            rewards,
-            [s.group for s in usable],
-            batch.response_mask,
-            cfg.algo.norm_adv_by_std_in_grpo,
-        )
-        total_tokens = int(batch.response_mask.sum())
-        actor_cfg = algo.actor_config(
-            cfg.algo.loss_mode,
-            cfg.algo.clip_ratio_low,
-            cfg.algo.clip_ratio_high,
-            cfg.algo.clip_ratio_c,
-            total_tokens,
-            len(batch),
-        )
-        self._assert_idle()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {"pg_loss": 0.0, "kl_loss": 0.0}
-        weighted: dict[str, float] = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
-        mb = cfg.trainer.micro_batch_size
-        corr = cfg.algo.rollout_correction
-        recomputed = torch.zeros_like(batch.old_log_probs)  # the trainer's logprobs of the rollout tokens
-        for start in range(0, len(batch), mb):
-            rows = slice(start, start + mb)
-            micro = batch.select(rows)
-            adv = advantages[rows, : micro.response_ids.shape[1]]
-            logp = algo.response_log_probs(self.policy, micro)
-            recomputed[rows, : logp.shape[1]] = logp.detach()
-            old, is_weights = micro.old_log_probs, None
-            if corr.rollout_is is not None:
-                # verl's decoupled mode: the ratio is against the trainer's own logprobs (pi_old; the
-                # weights do not change before the optimizer step, so this forward's detached logprobs
-                # are verl's separate recompute) and the truncated IS weight carries pi_old / pi_rollout.
-                old = logp.detach()
-                is_weights = mismatch.is_weights(
-                    old, micro.old_log_probs, micro.response_mask, corr.rollout_is, corr.threshold_spec
-                )
-            pg_loss, pg_metrics = algo.policy_loss(
-                cfg.algo.loss_mode,
-                old,
-                logp,
-                adv,
-                micro.response_mask,
-                cfg.algo.loss_agg_mode,
-                actor_cfg,
-                is_weights,
-            )
-            loss = pg_loss
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_logp = algo.response_log_probs(self.ref, micro)
-                kl = algo.kl_loss(
-                    logp,
-                    ref_logp,
-                    micro.response_mask,
-                    cfg.algo.kl_loss_type,
-                    cfg.algo.loss_agg_mode,
-                    actor_cfg,
-                )
-                loss = loss + cfg.algo.kl_loss_coef * kl
-                sums["kl_loss"] += float(kl.detach())
-            loss.backward()
-            sums["pg_loss"] += float(pg_loss.detach())
-            share = float(micro.response_mask.sum()) / max(total_tokens, 1)
-            for key in weighted:
-                weighted[key] += share * float(pg_metrics.get(f"actor/{key}", 0.0))
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            log.warning("step %d: non-finite grad norm, update skipped", self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics.update(sums)
-        metrics.update(weighted)
-        metrics["loss"] = sums["pg_loss"] + cfg.algo.kl_loss_coef * sums["kl_loss"]
-        metrics["grad_norm"] = float(grad_norm)
-        metrics["train_tokens"] = float(total_tokens)
-        metrics["adv_abs_mean"] = float((advantages.abs() * batch.response_mask).sum() / max(total_tokens, 1))
-        level = corr.rollout_is or "token"
-        gap = mismatch.mismatch_metrics(
-            recomputed, batch.old_log_probs, batch.response_mask, level, corr.threshold_spec
-        )
-        metrics.update(gap)
-        return metrics
+        """One optimizer step on the trainable samples (train/update.py); returns loss metrics."""
+        from uniagent.train.update import policy_update
 
-    # ------------------------------------------------------------------------------- loop
+        return policy_update(self, samples)
 
-    async def train_step(self) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        before = self.engine.stats.generated_tokens
-        samples = await self.rollout(self.pick_tasks())
-        check_infra_failures(
-            [(s.result.exit_reason, s.result.error) for s in samples],
-            self.cfg.trainer.max_infra_failure_share,
-            "trainer.max_infra_failure_share",
-            where=f"step {self.step + 1}",
-        )
-        rollout_s = time.perf_counter() - t0
-        generated = self.engine.stats.generated_tokens - before
-        t1 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        losses = await loop.run_in_executor(self._worker, self.update, samples)
-        release_memory()
-        update_s = time.perf_counter() - t1
-        self.step += 1
+    def task_by_id(self, instance_id: str) -> Task:
+        for task in self.tasks:
+            if task.instance_id == instance_id:
+                return task
+        raise UniAgentError(f"the checkpoint names task {instance_id!r}, which tasks.spec no longer holds")
+
+    def group_dropped_reason(self, group: list[Sample]) -> str | None:
+        """DAPO dynamic sampling: `zero_variance` for a group that trains nothing, else None."""
+        if self.cfg.algo.filter_groups.enable and not filters.group_has_signal(
+            group, self.cfg.algo.filter_groups.metric, self.cfg.algo
+        ):
+            return "zero_variance"
+        return None
+
+    def step_row(
+        self,
+        samples: list[Sample],
+        losses: dict[str, float],
+        *,
+        step_s: float,
+        rollout_s: float,
+        update_s: float,
+        generated: int,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The metrics row of a step (sync and async write the same keys; see the module docstring)."""
         trainable = [s for s in samples if s.result.trainable]
         rewards = [s.result.reward.value for s in trainable]
         exits: dict[str, int] = {}
         for s in samples:
             exits[s.result.exit_reason.value] = exits.get(s.result.exit_reason.value, 0) + 1
-        row: dict[str, Any] = {
+        return {
             "step": self.step,
+            "mode": self.cfg.trainer.mode,
+            "policy_version": self.step,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "resolved_rate": sum(s.result.resolved for s in trainable) / len(trainable)
             if trainable
@@ -346,34 +314,97 @@ class LocalTrainer:
             "episodes": len(samples),
             "untrainable": len(samples) - len(trainable),
             **losses,
+            "generated_tokens": generated,
             "rollout_tokens_per_s": generated / rollout_s if rollout_s > 0 else 0.0,
             "train_tokens_per_s": losses.get("train_tokens", 0.0) / update_s if update_s > 0 else 0.0,
             "rollout_s": rollout_s,
             "update_s": update_s,
-            "step_s": time.perf_counter() - t0,
+            "step_s": step_s,
             "rss_mb": rss_mb(),
             "exit_reasons": exits,
+            **extra,
             "time": time.time(),
         }
+
+    def write_row(self, row: dict[str, Any]) -> None:
         self._writers.write(row)
+        plot_rewards(self.out / METRICS, self.out / CURVE)
+
+    async def train_step(self, activity: Any = None) -> dict[str, Any]:
+        """One sync step: rollout batches (more of them when dynamic sampling drops groups), then the
+        update; generation and update never overlap."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        before = self.engine.stats.generated_tokens
+        sampling: filters.DynamicSampling[Sample] = filters.DynamicSampling(
+            cfg.algo, cfg.trainer.tasks_per_step
+        )
+        seen: list[Sample] = []
+        while sampling.need_more():  # one batch, or more while dynamic sampling drops groups
+            samples = await self.rollout(self.pick_tasks(), sampling.batches)
+            seen.extend(samples)
+            check_infra_failures(
+                [(s.result.exit_reason, s.result.error) for s in samples],
+                cfg.trainer.max_infra_failure_share,
+                "trainer.max_infra_failure_share",
+                where=f"step {self.step + 1}",
+            )
+            sampling.add(samples)
+        trained = sampling.take()
+        rollout_s = time.perf_counter() - t0
+        generated = self.engine.stats.generated_tokens - before
+        t1 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        losses = await loop.run_in_executor(self._worker, self.update, trained)
+        release_memory()
+        update_s = time.perf_counter() - t1
+        self.step += 1
+        await asyncio.wrap_future(self.engine.update_weights(None, self.step))  # shared weights: the version
+        step_s = time.perf_counter() - t0
+        lag = {"0": sum(1 for s in trained if s.result.trainable)}
+        row = self.step_row(
+            trained if cfg.algo.filter_groups.enable else seen,
+            losses,
+            step_s=step_s,
+            rollout_s=rollout_s,
+            update_s=update_s,
+            generated=generated,
+            extra={
+                "trainer_idle_frac": rollout_s / step_s if step_s > 0 else 0.0,
+                "engine_idle_frac": activity.idle_share() if activity is not None else None,
+                "interrupted": 0,
+                "staleness_hist": lag,
+                "staleness_max": 0,
+                "rollout_batches": sampling.batches,
+                "groups_dropped_zero_variance": sampling.groups_dropped,
+            },
+        )
+        self.write_row(row)
         return row
 
     async def train(self, on_step: Any = None) -> list[dict[str, Any]]:
         """Run until `trainer.steps`; checkpoint every `save_every` and at the end; keep the curve fresh."""
-        rows: list[dict[str, Any]] = []
-        every = self.cfg.trainer.save_every
+        from uniagent.train.async_loop import Activity, train_async
+
         try:
-            while self.step < self.cfg.trainer.steps:
-                row = await self.train_step()
-                rows.append(row)
-                plot_rewards(self.out / METRICS, self.out / CURVE)
-                if on_step is not None:
-                    on_step(row)
-                if (every and self.step % every == 0) or self.step == self.cfg.trainer.steps:
-                    await asyncio.get_running_loop().run_in_executor(self._worker, self.save)
+            if self.cfg.trainer.mode == "async":
+                return await train_async(self, on_step)
+            rows: list[dict[str, Any]] = []
+            every = self.cfg.trainer.save_every
+            activity = Activity(self.engine).start()
+            try:
+                while self.step < self.cfg.trainer.steps:
+                    row = await self.train_step(activity)
+                    rows.append(row)
+                    if on_step is not None:
+                        on_step(row)
+                    if (every and self.step % every == 0) or self.step == self.cfg.trainer.steps:
+                        await asyncio.get_running_loop().run_in_executor(self._worker, self.save)
+            finally:
+                await activity.stop()
+            return rows
         finally:
             self._writers.close()
-        return rows
 
     def close(self) -> None:
         self.engine.close()
@@ -382,41 +413,16 @@ class LocalTrainer:
     # ------------------------------------------------------------------------------- checkpoints
 
     def save(self) -> Path:
-        """Model, optimizer, step and every RNG the run draws from, written atomically."""
+        """Model, optimizer, step, RNG states and the async bookkeeping (train/checkpoint.py)."""
+        from uniagent.train.checkpoint import save_checkpoint
+
         self._assert_idle()
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        path = self.ckpt_dir / f"step_{self.step:06d}.pt"
-        state = {
-            "step": self.step,
-            "model": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "rng": {
-                "trainer": self.rng.getstate(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-            },
-            "config": self.redactor().data(self.cfg.model_dump(mode="json")),
-        }
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        for old in sorted(self.ckpt_dir.glob("step_*.pt"))[: -self.cfg.trainer.keep_checkpoints]:
-            old.unlink(missing_ok=True)
-        return path
+        return save_checkpoint(self)
 
     def _load(self, path: Path) -> None:
-        state = torch.load(path, map_location=self.cfg.model.device, weights_only=False)
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        rng = state["rng"]
-        self.rng.setstate(rng["trainer"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        truncate_metrics(self.out / METRICS, self.step)
-        log.info("resumed from %s at step %d", path, self.step)
+        from uniagent.train.checkpoint import load_checkpoint
+
+        load_checkpoint(self, path)
 
 
 def run_local(cfg: TrainConfig, resume: bool = False, on_step: Any = None) -> list[dict[str, Any]]:
@@ -426,3 +432,11 @@ def run_local(cfg: TrainConfig, resume: bool = False, on_step: Any = None) -> li
         return asyncio.run(trainer.train(on_step))
     finally:
         trainer.close()
+
+
+def _groups(samples: list[Sample]) -> list[list[Sample]]:
+    """Samples by group, in order of first appearance."""
+    out: dict[str, list[Sample]] = {}
+    for sample in samples:
+        out.setdefault(sample.group, []).append(sample)
+    return list(out.values())
