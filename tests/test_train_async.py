@@ -186,3 +186,23 @@ def test_async_without_partial_rollout_never_interrupts(tiny_model, tmp_path) ->
                     if a.kind == "model"
                 ]
                 assert all(len(t) <= 1 for t in turns)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_dynamic_sampling_without_signal_stops_naming_the_knob(tiny_model, tmp_path, mode) -> None:
+    """filter_groups on: the garbage-writing tiny model scores 0 everywhere, so every group has zero
+    variance; both loops over-sample up to max_num_gen_batches batches, then stop with TrainingError
+    instead of training on nothing or spinning forever."""
+    from uniagent.errors import TrainingError
+
+    cfg = _config(
+        tiny_model,
+        tmp_path / "run",
+        f"trainer.mode={mode}",
+        "algo.filter_groups.enable=true",
+        "algo.filter_groups.max_num_gen_batches=2",
+        "model.max_tokens=8",
+        "trainer.steps=1",
+    )
+    with pytest.raises(TrainingError, match="max_num_gen_batches"):
+        _train(cfg)

@@ -157,25 +157,26 @@ class Rollouts:
 
     def _launch(self, task: Any, serial: int, start_version: int) -> None:
         group = Group(serial, task.instance_id, start_version)
-        size = self.trainer.cfg.trainer.group_size
-        job = asyncio.create_task(
-            self.trainer.run_group(task, f"g{serial}", serial * size, self.agent, self.gate)
-        )
-        self.in_flight[serial] = (group, job)
-        job.add_done_callback(lambda done, g=group: asyncio.create_task(self._done(g, done)))
+        self.in_flight[serial] = (group, asyncio.create_task(self._run(group, task)))
 
-    async def _done(self, group: Group, job: asyncio.Task[list[Sample]]) -> None:
-        self.in_flight.pop(group.serial, None)
-        if job.cancelled():
-            return
-        exc = job.exception()
-        if exc is not None:
+    async def _run(self, group: Group, task: Any) -> list[Sample]:
+        """One group from start to the finished list (or to `error`, which the consumer raises)."""
+        size = self.trainer.cfg.trainer.group_size
+        try:
+            group.samples = await self.trainer.run_group(
+                task, f"g{group.serial}", group.serial * size, self.agent, self.gate
+            )
+        except asyncio.CancelledError:
+            self.in_flight.pop(group.serial, None)
+            raise
+        except BaseException as exc:
             self.error = exc
         else:
-            group.samples = job.result()
             self.finished.append(group)
+        self.in_flight.pop(group.serial, None)
         async with self.changed:
             self.changed.notify_all()
+        return group.samples
 
     # -- consuming ------------------------------------------------------------------------
     async def take(self, keep: Any, max_drops: int = 0) -> tuple[list[Group], dict[str, int]]:
