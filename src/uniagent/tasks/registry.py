@@ -15,6 +15,7 @@ FAMILIES: dict[str, str] = {
     "swe_rebench": "uniagent.tasks.swe_rebench:SweRebenchTask",
     "r2e_gym": "uniagent.tasks.r2e_gym:R2EGymTask",
     "search": "uniagent.tasks.search:SearchTask",
+    "lookup": "uniagent.tasks.lookup:LookupTask",
 }
 
 BUILTIN = Path(__file__).parent / "builtin"
@@ -29,6 +30,16 @@ SUITES: dict[str, dict[str, Any]] = {
         "family": "search",
         "defaults": {"corpus": "corpus.jsonl"},
         "description": "questions about an invented archipelago, answered by searching its corpus",
+    },
+    "lookup": {
+        "file": BUILTIN / "lookup" / "chain.jsonl",
+        "family": "lookup",
+        "description": "RL: cat note.txt, cat the file it names, finish with its random code (3 tool turns)",
+    },
+    "lookup-easy": {
+        "file": BUILTIN / "lookup" / "easy.jsonl",
+        "family": "lookup",
+        "description": "RL, short: read the named file, then finish with its random code (2 tool turns)",
     },
 }
 
