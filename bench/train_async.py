@@ -15,12 +15,13 @@ object per figure and mode on stdout:
   had nothing to do; a sync row without them gets them from its phases: the trainer waits through
   the rollout, the engine at least through the update);
 * ``reward_first``/``reward_last`` (means over the first and last `--window` steps), ``reward_gain``,
-  ``reward_rises``, ``episodes_trained``, ``reward_gain_per_100_episodes`` (learning per sample);
+  ``reward_gain_noise``, ``reward_rises`` (gain > 0), ``episodes_trained``,
+  ``reward_gain_per_100_episodes`` (learning per sample);
 * ``staleness_hist`` (episodes trained per lag, summed over steps) and ``staleness_max``;
 
 then the comparison: ``sync_vs_async_wall_per_step`` (sync / async; goal >= 1.5 on 2 cores, ``met``),
-``async_minus_sync_reward_last`` with its noise (2 standard errors: a reward in [0, 1] has variance
-at most p(1-p), over the window's episodes) and ``within_noise``, and
+``async_minus_sync_reward_last`` with its noise (2 standard errors of the difference: a reward in
+[0, 1] has variance at most p(1-p), p pooled over both windows' episodes) and ``within_noise``, and
 ``async_minus_sync_gain_per_100_episodes`` with ``not_worse`` (async does not learn worse per sample).
 Writes OUT/sync_vs_async.png (reward per step, per wall-clock minute, per episode trained; the
 staleness histograms: `uniagent.train.outputs.plot_comparison`) and OUT/summary.json (every figure).
@@ -200,17 +201,23 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _reward_window(rows: list[dict[str, Any]]) -> tuple[float | None, float, int]:
-    """(mean reward, its standard error, episodes) over `rows`, each step weighted by its episodes.
-    A reward in [0, 1] with mean p has variance at most p(1 - p) (equal for 0/1 rewards)."""
+def _reward_window(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """(mean reward, episodes) over `rows`, each step weighted by its trainable episodes."""
     weighted = [
         (r["reward_mean"], max(int(r.get("episodes", 1)) - int(r.get("untrainable", 0)), 1)) for r in rows
     ]
     episodes = sum(n for _, n in weighted)
-    if not episodes:
-        return None, math.nan, 0
-    p = sum(v * n for v, n in weighted) / episodes
-    return p, math.sqrt(max(p * (1 - p), 0.0) / episodes), episodes
+    return (sum(v * n for v, n in weighted) / episodes if episodes else None), episodes
+
+
+def diff_noise(p1: float, n1: int, p2: float, n2: int) -> float:
+    """Two standard errors of the difference of two window means under "no difference": a reward in
+    [0, 1] with mean p has variance at most p(1 - p) (equal for 0/1 rewards), p pooled over both
+    windows (a window that scored all 0 or all 1 still has noise)."""
+    if not n1 or not n2:
+        return math.nan
+    pooled = (p1 * n1 + p2 * n2) / (n1 + n2)
+    return 2 * math.sqrt(max(pooled * (1 - pooled), 0.0) * (1 / n1 + 1 / n2))
 
 
 def summarise_mode(rows: list[dict[str, Any]], window: int | None = None) -> dict[str, Any]:
@@ -223,10 +230,10 @@ def summarise_mode(rows: list[dict[str, Any]], window: int | None = None) -> dic
     tps = [r["rollout_tokens_per_s"] for r in rows if r.get("rollout_tokens_per_s") is not None]
     generated = [r["generated_tokens"] for r in rows if r.get("generated_tokens") is not None]
     trained = int(sum(float(r.get("episodes_trained") or 0) for r in rows))
-    first, first_se, _ = _reward_window(rewarded[:k])
-    last, last_se, _ = _reward_window(rewarded[-k:])
+    first, first_n = _reward_window(rewarded[:k])
+    last, last_n = _reward_window(rewarded[-k:])
     gain = last - first if first is not None and last is not None else None
-    gain_se = math.sqrt(first_se**2 + last_se**2)
+    gain_noise = diff_noise(first, first_n, last, last_n) if gain is not None else None
     hist = staleness_totals(rows)
     return {
         "steps": len(rows),
@@ -242,12 +249,15 @@ def summarise_mode(rows: list[dict[str, Any]], window: int | None = None) -> dic
         "window": k,
         "reward_first": first,
         "reward_last": last,
-        "reward_last_se": last_se,
+        "reward_last_episodes": last_n,
         "reward_gain": gain,
+        "reward_gain_noise": gain_noise,
         "reward_rises": gain is not None and gain > 0,
         "episodes_trained": trained,
         "reward_gain_per_100_episodes": 100 * gain / trained if gain is not None and trained else None,
-        "reward_gain_per_100_episodes_se": 100 * gain_se / trained if trained else None,
+        "reward_gain_per_100_episodes_noise": 100 * gain_noise / trained
+        if gain_noise is not None and trained
+        else None,
         "staleness_hist": {str(lag): n for lag, n in hist.items()},
         "staleness_max": max(hist) if hist else None,
         "reward_curve": [r["reward_mean"] for r in rewarded],
@@ -261,7 +271,12 @@ def compare(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, Any]:
     out["sync_vs_async_wall_per_step"] = {"value": ratio, "goal": GOAL, "met": ratio >= GOAL}
     if sync["reward_last"] is not None and asyn["reward_last"] is not None:
         diff = asyn["reward_last"] - sync["reward_last"]
-        noise = 2 * math.sqrt(sync["reward_last_se"] ** 2 + asyn["reward_last_se"] ** 2)
+        noise = diff_noise(
+            sync["reward_last"],
+            sync["reward_last_episodes"],
+            asyn["reward_last"],
+            asyn["reward_last_episodes"],
+        )
         out["async_minus_sync_reward_last"] = {
             "value": diff,
             "noise": noise,
@@ -270,8 +285,9 @@ def compare(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, Any]:
     per_sample = [m["reward_gain_per_100_episodes"] for m in (sync, asyn)]
     if None not in per_sample:
         diff = per_sample[1] - per_sample[0]
-        noise = 2 * math.sqrt(
-            sync["reward_gain_per_100_episodes_se"] ** 2 + asyn["reward_gain_per_100_episodes_se"] ** 2
+        # two independent gains: their noises (2 standard errors each) add in quadrature
+        noise = math.hypot(
+            sync["reward_gain_per_100_episodes_noise"], asyn["reward_gain_per_100_episodes_noise"]
         )
         out["async_minus_sync_gain_per_100_episodes"] = {
             "value": diff,
@@ -286,7 +302,7 @@ def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[d
     """The JSON lines: every per-mode figure (no curves), then the comparison."""
     for mode, figures in summary["modes"].items():
         for name, value in figures.items():
-            if name in ("reward_curve", "reward_last_se", "reward_gain_per_100_episodes_se", "window"):
+            if name in ("reward_curve", "reward_last_episodes", "window"):
                 continue
             unit = UNITS.get(name, "reward" if name.startswith("reward_") else None)
             if isinstance(value, bool):
@@ -315,7 +331,7 @@ def summarise(
     if all(m in modes for m in MODES):
         summary["comparison"] = compare(modes["sync"], modes["async"])
     out.mkdir(parents=True, exist_ok=True)
-    source = context.get("config") or " vs ".join(context.get("from", []))
+    source = Path(context["config"]).name if "config" in context else " vs ".join(context.get("from", []))
     png = plot_comparison(runs, out / PNG, f"uniagent train --engine local, {' vs '.join(runs)}: {source}")
     summary["png"] = str(png) if png else None
     for line in figure_lines(summary, context):

@@ -184,6 +184,12 @@ def test_a_training_that_fails_stops_the_bench_with_its_console_tail(tmp_path):
     assert (tmp_path / "out" / "sync.log").exists()
 
 
+def test_reward_noise_pools_both_windows():
+    """A window that scored all 0 still has noise: p is pooled over both windows (4 episodes each)."""
+    assert train_async.diff_noise(0.0, 4, 0.5, 4) == pytest.approx(2 * (0.25 * 0.75 * 0.5) ** 0.5)
+    assert train_async.diff_noise(0.0, 4, 0.0, 4) == 0.0  # nothing varies: no noise to hide behind
+
+
 def test_wall_clock_from_stamps_or_step_sums():
     stamped = [{"step_s": 5.0, "time": 105.0}, {"step_s": 99.0, "time": 112.0}]
     assert wall_clock(stamped) == [5.0, 12.0]  # stamps win over a step_s that overlaps the next step

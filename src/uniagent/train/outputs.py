@@ -227,6 +227,7 @@ def plot_comparison(runs: dict[str, list[dict[str, Any]]], png: Path, title: str
         for ax, x in xs.items():
             ax.plot(x, rewards, "o", color=color, alpha=0.3, markersize=4)
             ax.plot(x, smooth, "-", color=color, linewidth=2, label=name)
+    by_step.xaxis.get_major_locator().set_params(integer=True)
     for ax, label in ((by_step, "step"), (by_wall, "wall clock (min)"), (by_sample, "episodes trained")):
         ax.set_xlabel(label)
         ax.set_ylabel("reward mean")
