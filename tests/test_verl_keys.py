@@ -10,6 +10,7 @@ and the sync translation passes verl's `validate_config`. No GPU is needed.
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import types
 from pathlib import Path
@@ -23,9 +24,10 @@ from typer.testing import CliRunner
 from conftest import require_module
 from uniagent.errors import ConfigError
 from uniagent.integrations.verl import keys
-from uniagent.integrations.verl.launch import build_command, load_recipe
+from uniagent.integrations.verl.launch import available_recipes, build_command, load_recipe, resolve_overrides
 from uniagent.integrations.verl.local_config import (
     BASE_RECIPE,
+    from_local_config,
     is_local_config,
     names_local_field,
     override,
@@ -406,3 +408,51 @@ def test_data_prepare_takes_the_local_configs_task_ids(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     frame = pd.read_parquet(tmp_path / "train.parquet")
     assert sorted(frame["extra_info"].map(lambda e: e["instance_id"])) == ["slugger-001", "textkit-001"]
+
+
+# -- 3. the multi-turn recipes agree with the mapping ------------------------------------------------
+LINE = re.compile(r"^\s*-\s*(?P<override>\S+)\s*(?:#\s*local:\s*(?P<local>\S+))?")
+
+
+def recipe_comments(path: str) -> dict[str, str | None]:
+    """override key -> the local key its `# local:` comment names (None: no comment)."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        m = LINE.match(line)
+        if m:
+            out[m["override"].split("=", 1)[0].lstrip("+")] = m["local"]
+    return out
+
+
+def test_multiturn_recipes_agree_with_the_mapping_for_the_local_configs() -> None:
+    twins = [n for n in available_recipes() if load_recipe(n).get("local_config")]
+    assert set(BASE_RECIPE.values()) <= set(twins)
+    for name in twins:
+        recipe = load_recipe(name)
+        local = ROOT / recipe["local_config"]
+        assert local.is_file(), f"{name}: local_config {local} is missing"
+        translation, rest = from_local_config(local, list(recipe.get("local_set") or []))
+        assert rest == [] and translation.entrypoint == recipe["entrypoint"], name
+        resolved = {o.split("=", 1)[0].lstrip("+"): o for o in resolve_overrides(recipe, [])}
+        comments = recipe_comments(recipe["path"])
+        for key, value in translation.values.items():
+            assert resolved.get(key) == override(key, value), (
+                f"{name}: {key} (from {translation.sources[key]})"
+            )
+            named = comments.get(key)
+            assert named is not None, f"{name}: {key} carries no `# local:` comment"
+            path = _knob_path(named)
+            assert key in keys.KNOBS[path].values(translation.cfg, path), f"{name}: {key} is not {named}'s"
+        for key, named in comments.items():  # a comment on a line the mapping does not make is stale
+            assert named is None or key in translation.values, f"{name}: {key} says local: {named}"
+        # the recipe and the local config launch the same command (hydra overrides in any order)
+        ours, theirs = build_command(name, []), build_command(local, list(recipe.get("local_set") or []))
+        assert ours[:3] == theirs[:3] and sorted(ours[3:]) == sorted(theirs[3:]), name
+
+
+def _knob_path(path: str) -> str:
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in keys.KNOBS:
+            return ".".join(parts[:n])
+    raise AssertionError(path)
