@@ -128,10 +128,13 @@ def test_slow_async_that_learns_worse_fails_every_verdict(tmp_path, capsys):
     sync = write(tmp_path / "s", rows("sync", 100.0, RISING))
     flat = [0.1, 0.12, 0.1, 0.08, 0.1, 0.1, 0.09, 0.1]
     asyn = write(tmp_path / "a", async_rows(step_s=80.0, rewards=flat))
-    train_async.main(["--from", str(sync), str(asyn), "--out", str(tmp_path / "out"), "--window", "3"])
+    argv = ["--from", str(sync), str(asyn), "--out", str(tmp_path / "out"), "--window", "3", "--warmup", "2"]
+    train_async.main(argv)
     got = lines(capsys.readouterr().out)
     ratio = got[("sync_vs_async_wall_per_step", None)]
     assert ratio["value"] == pytest.approx(1.25) and ratio["met"] is False
+    assert got[("wall_per_step_after_warmup_s", "async")]["value"] == pytest.approx(80.0)  # steps 3-8
+    assert got[("sync_vs_async_wall_per_step_after_warmup", None)]["value"] == pytest.approx(1.25)
     assert got[("reward_rises", "async")]["value"] is False and got[("both_rise", None)]["value"] is False
     assert got[("async_minus_sync_reward_last", None)]["within_noise"] is False
     assert got[("async_minus_sync_gain_per_100_episodes", None)]["not_worse"] is False
