@@ -209,7 +209,7 @@ class TrainerSection(BaseModel):
         None, ge=1, description="async: torch threads of the rollout engine (default: half the cores, >= 1)"
     )
     trainer_threads: int | None = Field(
-        None, ge=1, description="async: torch threads of the update (default: every core)"
+        None, ge=1, description="async: torch threads of the update (default: the other half, >= 1)"
     )
 
 
