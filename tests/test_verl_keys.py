@@ -38,29 +38,10 @@ from uniagent.train.config import TrainConfig, TrainerSection, build_train_confi
 
 verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VERL_DIR = Path(verl.__file__).parent
-CONFIGS = {
-    keys.SYNC_ENTRY: (VERL_DIR / "trainer" / "config", "ppo_trainer"),
-    keys.ASYNC_ENTRY: (
-        VERL_DIR / "experimental" / "fully_async_policy" / "config",
-        "fully_async_ppo_trainer",
-    ),
-}
-
-
-def compose_for(command: list[str]):
-    config_dir, name = CONFIGS[command[2]]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            return compose(config_name=name, overrides=command[3:])
-    finally:
-        GlobalHydra.instance().clear()
+from test_verl_data import compose_for  # noqa: E402  (one composer of verl's real config)
 
 
 def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
