@@ -62,9 +62,15 @@ class EngineStats:
     prefill_tokens: int = 0
     prefix_hits: int = 0
     prefix_reused_tokens: int = 0
+
     # `LocalEngine.update_weights` calls applied, and the rows they took out and resumed (partial rollout).
     weight_updates: int = 0
     interrupted: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Requests queued or running: taken in, not yet completed, failed or cancelled."""
+        return self.requests - self.completed - self.failed - self.cancelled
 
 
 @dataclass(eq=False)

@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from uniagent.agent.result import check_infra_failures
 from uniagent.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -55,8 +54,7 @@ class Activity:
         self._task: asyncio.Task[None] | None = None
 
     def busy(self) -> bool:
-        s = self.engine.stats
-        return s.requests > s.completed + s.failed + s.cancelled
+        return self.engine.stats.in_flight > 0
 
     async def _run(self) -> None:
         last = time.perf_counter()
@@ -83,6 +81,17 @@ class Activity:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def staleness_hist(samples: list[Sample], version: int) -> dict[str, int]:
+    """Trainable episodes per lag: how many versions the oldest token of each is behind `version`,
+    the policy the update starts from (sync: always 0)."""
+    hist: dict[str, int] = {}
+    for s in samples:
+        if s.result.trainable:
+            lag = str(version - s.oldest_version)
+            hist[lag] = hist.get(lag, 0) + 1
+    return hist
 
 
 @dataclass
@@ -270,12 +279,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                 groups, dropped = await rollouts.take(keep, cap)
                 wait_s = time.perf_counter() - t0
                 samples = [s for g in groups for s in g.samples]
-                check_infra_failures(
-                    [(s.result.exit_reason, s.result.error) for s in samples],
-                    cfg.trainer.max_infra_failure_share,
-                    "trainer.max_infra_failure_share",
-                    where=f"step {trainer.step + 1}",
-                )
+                trainer.check_infra(samples)
                 t1 = time.perf_counter()
                 losses = await loop.run_in_executor(trainer._worker, trainer.update, samples)
                 update_s = time.perf_counter() - t1
@@ -288,11 +292,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                 sync_s = time.perf_counter() - t2
                 trainer.step += 1
                 await rollouts.version_changed()
-                step_hist: dict[str, int] = {}
-                for s in samples:
-                    if s.result.trainable:
-                        lag = str(version - s.oldest_version)
-                        step_hist[lag] = step_hist.get(lag, 0) + 1
+                step_hist = staleness_hist(samples, version)
                 for lag, n in step_hist.items():
                     hist[lag] = hist.get(lag, 0) + n
                 step_s = time.perf_counter() - t0
@@ -322,8 +322,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                 if on_step is not None:
                     on_step(row)
                 trainer.async_state = {**rollouts.snapshot(), "staleness_hist_total": hist}
-                every = cfg.trainer.save_every
-                if (every and trainer.step % every == 0) or trainer.step == cfg.trainer.steps:
+                if trainer.save_due():
                     await loop.run_in_executor(trainer._worker, trainer.save)
         finally:
             await activity.stop()

@@ -74,6 +74,7 @@ from uniagent.errors import ConfigError, UniAgentError
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
 from uniagent.train import filters, segments
+from uniagent.train.async_loop import staleness_hist
 from uniagent.train.config import TrainConfig
 from uniagent.train.outputs import (
     CURVE,
@@ -260,10 +261,10 @@ class LocalTrainer:
         engine serves its own copy, refreshed by `update_weights` between two decode steps."""
         if not self.shared:
             return
-        s = self.engine.stats
-        if s.requests != s.completed + s.failed + s.cancelled:
+        busy = self.engine.stats.in_flight
+        if busy:
             raise UniAgentError(
-                f"engine still has {s.requests - s.completed - s.failed - s.cancelled} request(s) in flight; "
+                f"engine still has {busy} request(s) in flight; "
                 "refusing to update weights under a running generation"
             )
 
@@ -280,6 +281,20 @@ class LocalTrainer:
             if task.instance_id == instance_id:
                 return task
         raise UniAgentError(f"the checkpoint names task {instance_id!r}, which tasks.spec no longer holds")
+
+    def check_infra(self, samples: list[Sample]) -> None:
+        """Stop training (`TrainingError`) when infrastructure failures exceed their allowed share."""
+        check_infra_failures(
+            [(s.result.exit_reason, s.result.error) for s in samples],
+            self.cfg.trainer.max_infra_failure_share,
+            "trainer.max_infra_failure_share",
+            where=f"step {self.step + 1}",
+        )
+
+    def save_due(self) -> bool:
+        """A checkpoint every `save_every` steps (0: none) and after the last."""
+        every = self.cfg.trainer.save_every
+        return bool(every and self.step % every == 0) or self.step == self.cfg.trainer.steps
 
     def group_dropped_reason(self, group: list[Sample]) -> str | None:
         """DAPO dynamic sampling: `zero_variance` for a group that trains nothing, else None."""
@@ -346,12 +361,7 @@ class LocalTrainer:
         while sampling.need_more():  # one batch, or more while dynamic sampling drops groups
             samples = await self.rollout(self.pick_tasks(), sampling.batches)
             seen.extend(samples)
-            check_infra_failures(
-                [(s.result.exit_reason, s.result.error) for s in samples],
-                cfg.trainer.max_infra_failure_share,
-                "trainer.max_infra_failure_share",
-                where=f"step {self.step + 1}",
-            )
+            self.check_infra(samples)
             sampling.add(samples)
         trained = sampling.take()
         rollout_s = time.perf_counter() - t0
@@ -364,7 +374,6 @@ class LocalTrainer:
         self.step += 1
         await asyncio.wrap_future(self.engine.update_weights(None, self.step))  # shared weights: the version
         step_s = time.perf_counter() - t0
-        lag = {"0": sum(1 for s in trained if s.result.trainable)}
         row = self.step_row(
             trained if cfg.algo.filter_groups.enable else seen,
             losses,
@@ -376,7 +385,7 @@ class LocalTrainer:
                 "trainer_idle_frac": rollout_s / step_s if step_s > 0 else 0.0,
                 "engine_idle_frac": activity.idle_share() if activity is not None else None,
                 "interrupted": 0,
-                "staleness_hist": lag,
+                "staleness_hist": staleness_hist(trained, self.step - 1),
                 "staleness_max": 0,
                 "rollout_batches": sampling.batches,
                 "groups_dropped_zero_variance": sampling.groups_dropped,
@@ -393,7 +402,6 @@ class LocalTrainer:
             if self.cfg.trainer.mode == "async":
                 return await train_async(self, on_step)
             rows: list[dict[str, Any]] = []
-            every = self.cfg.trainer.save_every
             activity = Activity(self.engine).start()
             try:
                 while self.step < self.cfg.trainer.steps:
@@ -401,7 +409,7 @@ class LocalTrainer:
                     rows.append(row)
                     if on_step is not None:
                         on_step(row)
-                    if (every and self.step % every == 0) or self.step == self.cfg.trainer.steps:
+                    if self.save_due():
                         await asyncio.get_running_loop().run_in_executor(self._worker, self.save)
             finally:
                 await activity.stop()
@@ -435,11 +443,3 @@ def run_local(cfg: TrainConfig, resume: bool = False, on_step: Any = None) -> li
         return asyncio.run(trainer.train(on_step))
     finally:
         trainer.close()
-
-
-def _groups(samples: list[Sample]) -> list[list[Sample]]:
-    """Samples by group, in order of first appearance."""
-    out: dict[str, list[Sample]] = {}
-    for sample in samples:
-        out.setdefault(sample.group, []).append(sample)
-    return list(out.values())
