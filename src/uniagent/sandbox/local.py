@@ -112,7 +112,10 @@ class LocalSandbox(PipeShellSandbox):
         self._ctl = await asyncio.to_thread(procs.owned_tempdir, "uniagent-ctl-")
         (self._ctl / "bin").mkdir()
         lim = cfg.limits
-        self._cgroup = SandboxCgroup(cgroup_name(self.id), lim.memory_mb, lim.pids, lim.cpus)
+        # off the loop: a cgroup mkdir waits on the kernel's cgroup lock, seconds under load
+        self._cgroup = await asyncio.to_thread(
+            SandboxCgroup, cgroup_name(self.id), lim.memory_mb, lim.pids, lim.cpus
+        )
         if self._cgroup.missing:
             _warn_once(
                 "cgroup",

@@ -18,6 +18,9 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
+from typing import cast
+
+from uniagent.sandbox.child import start_child
 
 
 def children(pid: int) -> list[int]:
@@ -154,21 +157,22 @@ def tree_signal_script(pid: int, sig: int) -> str:
 
 
 async def spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
-    """`asyncio.create_subprocess_exec` that a cancellation cannot interrupt halfway.
+    """`asyncio.create_subprocess_exec`, with the fork and exec off the event loop's thread
+    (sandbox/child.py says why), that a cancellation cannot interrupt halfway.
 
-    On Python 3.11, cancelling create_subprocess_exec while it connects the pipes hangs
-    forever (its cleanup waits for a pipe that was never connected). So the spawn runs
-    shielded; a cancellation waits until the process exists, kills and reaps it, then goes on.
+    A start cancelled halfway would leave a child running or a pipe half connected, so the
+    spawn runs shielded; a cancellation waits until the process exists, kills and reaps it,
+    then goes on. The `Child` returned offers the `asyncio.subprocess.Process` interface.
     """
-    task = asyncio.ensure_future(asyncio.create_subprocess_exec(*argv, **kwargs))  # type: ignore[arg-type]
+    task = asyncio.ensure_future(start_child(*argv, **kwargs))  # type: ignore[arg-type]
     try:
-        return await asyncio.shield(task)
+        return cast("asyncio.subprocess.Process", await asyncio.shield(task))
     except asyncio.CancelledError:
         while not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([task])
         if not task.cancelled() and task.exception() is None:
-            await kill_process_tree(task.result())
+            await kill_process_tree(cast("asyncio.subprocess.Process", task.result()))
         raise
 
 

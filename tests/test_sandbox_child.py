@@ -1,0 +1,98 @@
+"""Children started off the event loop's thread (sandbox/child.py) behave like asyncio's."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+
+import pytest
+
+from uniagent.sandbox import procs
+
+PIPE = asyncio.subprocess.PIPE
+
+
+def test_the_fork_and_exec_run_off_the_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vfork waits until the child has exec'd: on a loaded machine seconds, which on the
+    loop's thread stalled every episode (bench/runner.py's stall probe, 1,000 episodes)."""
+    threads: list[threading.Thread] = []
+    real = subprocess.Popen
+
+    def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+
+    async def go() -> int:
+        proc = await procs.spawn("true", stdout=PIPE)
+        return await proc.wait()
+
+    assert asyncio.run(go()) == 0
+    assert threads and all(t is not threading.main_thread() for t in threads)
+
+
+def test_streams_exit_codes_and_communicate() -> None:
+    async def go() -> None:
+        cat = await procs.spawn("cat", stdin=PIPE, stdout=PIPE)
+        assert cat.stdin is not None and cat.stdout is not None
+        cat.stdin.write(b"line\n")
+        await cat.stdin.drain()
+        assert await cat.stdout.readline() == b"line\n"
+        assert await cat.communicate(b"rest") == (b"rest", None)
+        assert cat.returncode == 0
+        sh = await procs.spawn("sh", "-c", "echo out; echo err >&2; exit 3", stdout=PIPE, stderr=PIPE)
+        assert await sh.communicate() == (b"out\n", b"err\n")
+        assert await sh.wait() == 3 and sh.returncode == 3
+
+    asyncio.run(go())
+
+
+def test_kill_and_wait_report_the_signal_and_a_cancelled_waiter_leaves_the_watch() -> None:
+    async def go() -> None:
+        proc = await procs.spawn("sleep", "30", stdin=PIPE, stdout=PIPE)
+        waiter = asyncio.create_task(proc.wait())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        await procs.kill_process_tree(proc, 5)
+        assert proc.returncode == -9 and await proc.wait() == -9
+        with pytest.raises(ProcessLookupError):
+            proc.kill()
+
+    asyncio.run(go())
+
+
+def test_a_start_cancelled_halfway_leaves_no_process() -> None:
+    async def go() -> list[int]:
+        pids: list[int] = []
+        real = subprocess.Popen
+
+        def record(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+            p = real(*args, **kwargs)  # type: ignore[call-overload]
+            pids.append(p.pid)
+            return p  # type: ignore[no-any-return]
+
+        subprocess.Popen = record  # type: ignore[misc]
+        try:
+            task = asyncio.create_task(procs.spawn("sleep", "30", stdin=PIPE, stdout=PIPE))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            subprocess.Popen = real  # type: ignore[misc]
+        return pids
+
+    pids = asyncio.run(go())
+    assert len(pids) == 1
+    assert procs.state(pids[0]) is None  # killed and reaped
+
+
+def test_many_spawns_at_once_all_exit() -> None:
+    async def go() -> list[int]:
+        children = await asyncio.gather(*[procs.spawn("sh", "-c", f"exit {i % 3}") for i in range(60)])
+        return list(await asyncio.gather(*[c.wait() for c in children]))
+
+    assert asyncio.run(go()) == [i % 3 for i in range(60)]
