@@ -29,6 +29,8 @@ is real. Figures per level, one JSON object per line on stdout (logs on stderr):
   its sandbox cgroups (`uniagent-PID-*`) still there, and entries left in
   its private TMPDIR (the host side of its sandboxes);
 * ``loop_lag_ms`` p50/p99 (a coroutine in the runner that sleeps 50 ms and records how late it wakes);
+  with ``--stalls``, ``loop_stalls``: each stall over 100 ms with the main thread's CPU during it and
+  its scheduler states (R: work on the loop; D/S: a blocking call), the stacks in child.json;
 * ``exits`` (failures by exit reason), ``resolved``, and ``episode_median_s``: per-episode medians of
   setup / sandbox start / tools / model / verifier / episode from the store's timings.
 
@@ -195,6 +197,7 @@ def child_spec(out: Path, script: Path, level: int, samples: int, args: argparse
             "agent.max_turns": MAX_TURNS,
         },
         "set": list(args.set),
+        "stalls": args.stalls,
         "result": str(out / "child.json"),
     }
     path = out / "child-spec.json"
@@ -455,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample-s", type=float, default=2.0, help="process-tree sampling interval")
     parser.add_argument("--survivor-wait", type=float, default=10.0, help="after kill -9: wait for the tree")
     parser.add_argument("--set", action="append", default=[], help="extra run config KEY=VALUE")
+    parser.add_argument(
+        "--stalls", action="store_true", help="record why the loop stalls (stacks; costs framework CPU)"
+    )
     return parser
 
 

@@ -7,6 +7,9 @@ Only the process itself can take these figures, so it takes them and writes one 
 
 * event-loop lag: a coroutine asks to sleep `LAG_INTERVAL_S` and records how late it woke (from
   the first episode on: start-up is reported apart);
+* with `"stalls": true` in the spec (`bench/runner.py --stalls`), why the loop was late
+  (`StallProbe`: the main thread's stacks and scheduler states during each stall over 100 ms).
+  Off by default: its heartbeat and watchdog thread cost CPU that would count as the framework's;
 * the CPU and time used before the first episode starts (imports, tokenizer, codec, preflight);
 * its own CPU (`getrusage(RUSAGE_SELF)`, all threads) and that of its reaped children;
 * CPU spent grading logs in-process (`SweTask._grade`, the swebench parser), timed with
@@ -23,11 +26,13 @@ starts): their CPU is not in RUSAGE_SELF by construction.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,80 @@ class LagProbe:
             t0 = loop.time()
             await asyncio.sleep(self.interval)
             self.samples.append(max(0.0, loop.time() - t0 - self.interval))
+
+
+class StallProbe:
+    """Why the loop is late: a watchdog thread that, while the loop has not run a heartbeat for
+    `threshold` s, samples the main thread every `every` s: its stack (innermost frames), its
+    scheduler state (/proc .../stat: R running or runnable, S/D blocked in a syscall) and its
+    CPU clock. A stall with the main thread on-CPU is work done inside the loop (fix the code);
+    one with it runnable but off-CPU is starvation (fix priorities); S/D is a blocking call."""
+
+    def __init__(self, threshold: float = 0.1, every: float = 0.01) -> None:
+        self.threshold, self.every = threshold, every
+        self.beat = time.monotonic()
+        self.stalls: list[dict[str, Any]] = []
+        self.stacks: collections.Counter[str] = collections.Counter()
+        self.states: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+
+    async def heartbeat(self) -> None:
+        while True:
+            self.beat = time.monotonic()
+            await asyncio.sleep(self.every)
+
+    def start(self) -> None:
+        self.main_id = threading.main_thread().ident
+        self.main_tid = threading.get_native_id()
+        self.clock = time.pthread_getcpuclockid(self.main_id)  # type: ignore[arg-type]
+        threading.Thread(target=self._watch, name="stall-probe", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _state(self) -> str:
+        try:
+            stat = Path(f"/proc/self/task/{self.main_tid}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "?"
+
+    def _stack(self) -> str:
+        frame = sys._current_frames().get(self.main_id)
+        parts = []
+        while frame is not None and len(parts) < 8:
+            code = frame.f_code
+            parts.append(f"{Path(code.co_filename).name}:{code.co_name}")
+            frame = frame.f_back
+        return " < ".join(parts)
+
+    def _watch(self) -> None:
+        current: dict[str, Any] | None = None
+        while not self._stop.wait(self.every):
+            now = time.monotonic()
+            late = now - self.beat > self.threshold
+            if late:
+                if current is None:
+                    current = {"t0": self.beat, "cpu0": time.clock_gettime(self.clock)}
+                self.stacks[self._stack()] += 1
+                self.states[self._state()] += 1
+            elif current is not None:
+                cpu = time.clock_gettime(self.clock) - current["cpu0"]
+                wall = self.beat - current["t0"]
+                self.stalls.append({"wall_s": round(wall, 3), "main_cpu_s": round(cpu, 3)})
+                current = None
+
+    def report(self) -> dict[str, Any]:
+        walls = sum(s["wall_s"] for s in self.stalls)
+        cpus = sum(s["main_cpu_s"] for s in self.stalls)
+        return {
+            "count": len(self.stalls),
+            "wall_s": round(walls, 2),
+            "main_cpu_s": round(cpus, 2),
+            "states": dict(self.states),
+            "top_stacks": self.stacks.most_common(25),
+            "longest": sorted(self.stalls, key=lambda s: -s["wall_s"])[:10],
+        }
 
 
 def time_grading() -> list[float]:
@@ -109,15 +188,22 @@ def main(spec_path: str) -> int:
     cfg = build_config(None, spec.get("set", []), spec["flags"])
     grading = time_grading()
     probe = LagProbe()
+    stalls = StallProbe()
     startup = mark_first_episode(probe)
     out: dict[str, Any] = {"pid": os.getpid()}
 
     async def go() -> dict[str, Any]:
         lag_task = asyncio.create_task(probe.run())
+        beat_task = asyncio.create_task(stalls.heartbeat()) if spec.get("stalls") else None
+        if beat_task is not None:
+            stalls.start()
         try:
             return await Runner(cfg).run()
         finally:
+            stalls.stop()
             lag_task.cancel()
+            if beat_task is not None:
+                beat_task.cancel()
 
     t0 = time.monotonic()
     try:
@@ -140,6 +226,7 @@ def main(spec_path: str) -> int:
         open_fds=len(os.listdir("/proc/self/fd")) - 1,  # less the one listdir holds
         threads=len(os.listdir("/proc/self/task")),
         lag_s=probe.samples,
+        stalls=stalls.report(),
     )
     target = Path(spec["result"])
     tmp = target.with_suffix(".tmp")

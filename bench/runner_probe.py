@@ -247,6 +247,7 @@ def level_figures(
             "p99": round(percentile(lags, 99) * 1e3, 2),
             "max": round(max(lags, default=0.0) * 1e3, 2),
         },
+        "loop_stalls": {k: v for k, v in (child.get("stalls") or {}).items() if k != "top_stacks"},
         "exits": dict(collections.Counter(r["exit_reason"] for r in rows)),
         "resolved": sum(bool(r["resolved"]) for r in rows),
         "episode_median_s": medians,
