@@ -79,7 +79,7 @@ def pack(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
     return Batch(input_ids, attention, prompt_len, response_ids, response_mask, old)
 
 
-def response_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def response_log_probs(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> torch.Tensor:
     """Teacher-forced logprobs of every response token, `[batch, response_len]`, fp32.
 
     One forward over prompt + response: the logits at position p predict the token at p + 1, so
@@ -90,9 +90,29 @@ def response_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     # Only positions from the earliest response onwards need logits: skip the vocab projection
     # over the prompts (about a fifth of a small model's compute and most of its activation memory).
     keep = max(1, width - int(batch.prompt_len.min()) + 1)
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep
-    )
+    shared = shared_prefix_len(batch) if share_prefix else 0
+    if shared:
+        # The rows' common prefix (a GRPO group's prompt, or the system prompt and tools every task
+        # shares) runs once; its keys/values are repeated for every row and the rest runs on top.
+        # Exact: the same positions, mask and weights, and the gradient through the repeated
+        # keys/values sums into the one prefix forward. Padding sits at the right, after it.
+        head = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(len(batch))
+        out = model(
+            input_ids=batch.input_ids[:, shared:],
+            attention_mask=batch.attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+    else:
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            logits_to_keep=keep,
+        )
     logits = out.logits
     n, resp = batch.response_ids.shape
     offsets = torch.arange(resp)[None, :] + batch.prompt_len[:, None] - 1 - (width - logits.shape[1])
@@ -100,6 +120,23 @@ def response_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     picked = logits.gather(1, offsets[:, :, None].expand(n, resp, logits.shape[-1]))
     logp = torch.log_softmax(picked.float(), dim=-1)
     return logp.gather(-1, batch.response_ids[:, :, None]).squeeze(-1)
+
+
+MIN_SHARED_PREFIX = 32
+"""Below this many common tokens a separate prefix forward costs more than it saves."""
+
+
+def shared_prefix_len(batch: Batch) -> int:
+    """How many leading tokens every row of `batch` has in common, up to the first position whose
+    logits are needed (the earliest response token's predecessor); 0 if not worth sharing."""
+    if len(batch) < 2:
+        return 0
+    ids = batch.input_ids
+    limit = int(batch.prompt_len.min()) - 1
+    same = (ids[:, :limit] == ids[:1, :limit]).all(0)
+    differ = (~same).nonzero()
+    common = int(differ[0]) if len(differ) else limit
+    return common if common >= MIN_SHARED_PREFIX else 0
 
 
 def check_name(key: str, name: str) -> str:
