@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from uniagent.errors import TemplateError
+from uniagent.tokens.chunked import chunked_encoder, plain_encoder
 from uniagent.tokens.probe import ASSISTANT_MARKER, TemplateFacts, probe_template
 
 Messages = list[dict[str, Any]]
@@ -50,6 +51,8 @@ class ChatCodec:
                 "pass chat_template=... (a Jinja string)"
             )
         self.template_kwargs = dict(template_kwargs or {})
+        # pieces between special tokens memoised where that is exact (tokens/chunked.py)
+        self._encode = chunked_encoder(tokenizer) or plain_encoder(tokenizer)
         key = (
             getattr(tokenizer, "name_or_path", ""),
             len(tokenizer),
@@ -86,7 +89,7 @@ class ChatCodec:
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text the way `apply_chat_template(tokenize=True)` does."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._encode(text)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
