@@ -9,7 +9,26 @@ import pytest
 from uniagent.tokens import ChatCodec
 from uniagent.tokens.chunked import chunked_encoder, plain_encoder
 
-ALPHABET = [" ", "  ", "\n", "\n\n", "\t", "a", "b", "def", " x", "1", "é", "你好", "{", "}", '"', "<", "|", ">"]
+ALPHABET = [
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "a",
+    "b",
+    "def",
+    " x",
+    "1",
+    "é",
+    "你好",
+    "{",
+    "}",
+    '"',
+    "<",
+    "|",
+    ">",
+]
 
 
 @pytest.fixture(scope="module")

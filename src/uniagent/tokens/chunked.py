@@ -27,7 +27,7 @@ MAX_CACHED_CHARS = 65536
 """Longer pieces (a huge tool output) are encoded without being kept."""
 PROBE = (
     "<|x|>system\nYou are\n  helpful.<|y|>\n<|x|>user\n ok <|y|> <|y|>\n\n<|x|>assistant\n"
-    "def f(a):\n\treturn a  # é ü 你好\n<|y|><|x|>tool\n{\"k\": 1}\n<|y|>"
+    'def f(a):\n\treturn a  # é ü 你好\n<|y|><|x|>tool\n{"k": 1}\n<|y|>'
 )
 
 
