@@ -160,7 +160,8 @@ class Trajectory:
                 f"response has {n} ids, {len(self.response_mask)} mask entries and "
                 f"{len(self.response_logprobs)} logprobs; they must be equal"
             )
-        if any(m not in (0, 1) for m in self.response_mask):
+        # C-level scans (count, any, min/max over slices): this runs on every stored episode
+        if self.response_mask.count(0) + self.response_mask.count(1) != n:
             raise TrajectoryError("response_mask may hold only 0 and 1")
         if self.response_versions and len(self.response_versions) != n:
             raise TrajectoryError(
@@ -173,16 +174,16 @@ class Trajectory:
             if span.start != pos or span.end <= span.start:
                 raise TrajectoryError(f"span {span} does not continue at token {pos}")
             want = 1 if span.kind == "model" else 0
-            if any(m != want for m in self.response_mask[span.start : span.end]):
+            if self.response_mask[span.start : span.end].count(want) != span.end - span.start:
                 raise TrajectoryError(
                     f"mask inside {span.kind} span [{span.start}, {span.end}) is not {want}"
                 )
-            if span.kind == "context" and any(
-                lp != 0.0 for lp in self.response_logprobs[span.start : span.end]
-            ):
+            if span.kind == "context" and any(self.response_logprobs[span.start : span.end]):
                 raise TrajectoryError(f"context span [{span.start}, {span.end}) has non-zero logprobs")
             if versions is not None:
-                bad = [v for v in versions[span.start : span.end] if (v < 0) == (span.kind == "model")]
+                window = versions[span.start : span.end]
+                ok = min(window) >= 0 if span.kind == "model" else max(window) < 0
+                bad = [] if ok else [v for v in window if (v < 0) == (span.kind == "model")]
                 if bad:
                     want = "a version >= 0" if span.kind == "model" else "version -1"
                     where = f"{span.kind} span [{span.start}, {span.end})"
