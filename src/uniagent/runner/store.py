@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from uniagent import jsonio
 from uniagent.errors import UniAgentError
 from uniagent.tokens.drift import DriftReport, episode_drift
 from uniagent.tokens.trajectory import version_range
@@ -196,7 +197,7 @@ class RunStore:
     # -- writes --------------------------------------------------------------------------
     def put(self, row: dict[str, Any]) -> None:
         """Insert, or replace a stored infrastructure failure of the same pair (a retry)."""
-        values = {k: (json.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in row.items()}
+        values = {k: (jsonio.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in row.items()}
         cols = ", ".join(values)
         marks = ", ".join(f":{k}" for k in values)
         with self._lock:
@@ -253,7 +254,7 @@ class RunStore:
             d = dict(r)
             for k in JSON_COLUMNS:
                 if d.get(k) is not None:
-                    d[k] = json.loads(d[k])
+                    d[k] = jsonio.loads(d[k])
             d["trainable"], d["resolved"] = bool(d["trainable"]), bool(d["resolved"])
             if full:
                 old = d.pop("trajectory", None)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from uniagent import jsonio
 from uniagent.runner.export import SEGMENTS_JSONL, segment_records
 from uniagent.runner.store import RunStore
 
@@ -72,17 +73,16 @@ def export(store: RunStore, out: Path, model_name: str, wall_s: float | None = N
     segment: `uniagent.runner.export`) and summary.json."""
     results, preds, segments = [], [], []
     for r in store.rows(full=True):  # one pass: decoding the rows' token lists is a third of the time
-        results.append(json.dumps(r, ensure_ascii=False))
-        segments.extend(json.dumps(s, ensure_ascii=False) for s in segment_records(r))
+        results.append(jsonio.dumps(r))
+        segments.extend(jsonio.dumps(s) for s in segment_records(r))
         if r["sample"] == 0 and r.get("patch") is not None:
             preds.append(
-                json.dumps(
+                jsonio.dumps(
                     {
                         "instance_id": r["instance_id"],
                         "model_name_or_path": model_name,
                         "model_patch": r["patch"],
-                    },
-                    ensure_ascii=False,
+                    }
                 )
             )
     _atomic_write(out / "results.jsonl", "".join(line + "\n" for line in results))

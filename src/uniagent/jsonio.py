@@ -1,0 +1,50 @@
+"""JSON for stored and exported rows: orjson where it gives the same document, `json` otherwise.
+
+Why: an episode row carries its token ids, masks and logprobs (tens of thousands of numbers), and
+the run store writes it once and the export writes it again: with `json` that was the largest item
+left in the runner's profile at the end of a run (13 % of its CPU at 100 episodes). orjson writes
+the same JSON about ten times faster. What it writes differently is handled here, so the stored
+bytes keep one meaning: a non-finite float (a -inf logprob) would become `null` there, so such a
+value goes through `json` (`-Infinity`, as before); a type orjson refuses goes through `json` too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import orjson
+
+
+def _non_finite(obj: Any) -> bool:
+    """Whether `obj` holds a NaN or infinite float anywhere (sums of number lists in C)."""
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(_non_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        try:
+            return not math.isfinite(sum(obj))  # an overflow only sends it the slow way
+        except TypeError:
+            return any(_non_finite(v) for v in obj)
+    return False
+
+
+def dumps(obj: Any) -> str:
+    """`json.dumps(obj, ensure_ascii=False)`'s document (compact), fast."""
+    try:
+        out = orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(obj, ensure_ascii=False)
+    if b"null" in out and _non_finite(obj):
+        return json.dumps(obj, ensure_ascii=False)
+    return out.decode()
+
+
+def loads(text: str | bytes) -> Any:
+    """`json.loads`, fast; documents `json` wrote with NaN or Infinity still load."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
