@@ -24,6 +24,9 @@ is real. Figures per level, one JSON object per line on stdout (logs on stderr):
   seconds): the machine may be shared, so run it on an idle one;
 * ``peak_rss_mb`` of the runner process (its VmHWM) and of its whole process tree (sampled with
   psutil every `--sample-s` seconds; ``monitor_cpu_s`` is what that sampling cost, inside cpu_util);
+  summed RSS counts every shared page once per process, so ``peak_memory_mb`` gives the footprint:
+  the tree's peak PSS (every 5th sample) and the machine's memory in use above its use before the
+  run (``machine_delta``: MemTotal - MemAvailable, kernel memory for the processes included);
 * ``open_fds_at_end`` of the runner (after its run returned) and ``leftovers``: descendants still
   alive `--survivor-wait` s after it exited (``tree_gone_after_s``: how long the tree took to go),
   its sandbox cgroups (`uniagent-PID-*`) still there, and entries left in
@@ -277,6 +280,7 @@ def run_level(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args: 
         "runner_sampled": round(mon.peak_root / 2**20, 1),
         "tree_sampled": round(mon.peak_tree / 2**20, 1),
     }
+    figs["peak_memory_mb"] = mon.memory_mb()
     figs["peak_processes"] = mon.peak_procs
     figs["monitor_cpu_s"] = round(monitor_cpu, 2)  # this process's sampling, inside cpu_util
     figs["tree_gone_after_s"] = round(gone_after, 2)
@@ -344,6 +348,7 @@ def run_peer(level: int, tasks: list[Task], out: Path, args: argparse.Namespace)
             "runner": round(peer["maxrss_kb"] / 1024, 1),
             "tree_sampled": round(mon.peak_tree / 2**20, 1),
         },
+        "peak_memory_mb": mon.memory_mb(),
         "exits": dict(collections.Counter(e["exit_status"] for e in peer["episodes"])),
     }
     if not args.no_peer_verify:

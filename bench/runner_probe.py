@@ -79,18 +79,44 @@ def strays(marker: str, root: int | None = None) -> dict[int, tuple[str, str]]:
     return out
 
 
-class TreeMonitor(threading.Thread):
-    """Samples a process tree: peak RSS of the root and of the whole tree, every pid seen (with its
-    start time, so a reused pid is not mistaken for a survivor)."""
+def mem_used() -> int:
+    """Machine memory in use, bytes: MemTotal - MemAvailable (/proc/meminfo). What a run adds to it
+    is its real footprint, shared pages once and kernel memory (page tables, sockets) included."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    kb = int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])
+    return kb * 1024
 
-    def __init__(self, pid: int, interval: float, marker: str | None = None) -> None:
+
+def pss(pid: int) -> int:
+    """A process's proportional set size, bytes (its shared pages divided among their users)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class TreeMonitor(threading.Thread):
+    """Samples a process tree: peak RSS of the root and of the whole tree (summed RSS counts shared
+    pages once per process), the tree's peak PSS (every `pss_every`-th sample: reading smaps walks
+    page tables), the machine's memory in use above what it used before the run, and every pid
+    seen (with its start time, so a reused pid is not mistaken for a survivor)."""
+
+    def __init__(self, pid: int, interval: float, marker: str | None = None, pss_every: int = 5) -> None:
         super().__init__(daemon=True)
         self.root = psutil.Process(pid)
         self.marker = marker  # see `strays`
         self.interval = interval
+        self.pss_every = pss_every
         self.peak_root = 0
         self.peak_tree = 0
+        self.peak_tree_pss = 0
+        self.mem_baseline = mem_used()
+        self.peak_mem_used = self.mem_baseline
         self.peak_procs = 0
+        self.samples = 0
         self.seen: dict[int, tuple[float, str]] = {}
         self._halt = threading.Event()
 
@@ -117,6 +143,19 @@ class TreeMonitor(threading.Thread):
                 self.peak_root = max(self.peak_root, rss)
         self.peak_tree = max(self.peak_tree, tree)
         self.peak_procs = max(self.peak_procs, len(procs))
+        self.peak_mem_used = max(self.peak_mem_used, mem_used())
+        if self.samples % self.pss_every == 0:
+            self.peak_tree_pss = max(self.peak_tree_pss, sum(pss(p.pid) for p in procs))
+        self.samples += 1
+
+    def memory_mb(self) -> dict[str, float]:
+        """Peak memory figures, MB: the tree's PSS, and the machine's memory in use above its use
+        before the run started (`machine_delta`)."""
+        mb = 1 << 20
+        return {
+            "tree_pss": round(self.peak_tree_pss / mb, 1),
+            "machine_delta": round((self.peak_mem_used - self.mem_baseline) / mb, 1),
+        }
 
     def stop(self) -> None:
         self._halt.set()

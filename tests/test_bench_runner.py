@@ -59,6 +59,7 @@ def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, capsys):
     assert ours["loop_lag_ms"]["p99"] >= ours["loop_lag_ms"]["p50"] >= 0
     assert set(ours["episode_median_s"]) >= {"setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s"}
     assert ours["peak_rss_mb"]["tree_sampled"] > 0
+    assert ours["peak_memory_mb"]["tree_pss"] > 0 and "machine_delta" in ours["peak_memory_mb"]
     assert ours["leftovers"] == {"processes": [], "cgroups": [], "tmp": []}
     peer = runner.run_peer(2, tasks, tmp_path / "peer-2", args)
     assert peer["exits"] == {"Submitted": 2} and peer["resolved"] == 2, peer
