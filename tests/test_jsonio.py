@@ -21,7 +21,7 @@ def test_rows_round_trip_as_with_json() -> None:
                 "drift": None,
             }
         ],
-        "text": "naïve 你好 \"quoted\" \\ \n\t",
+        "text": 'naïve 你好 "quoted" \\ \n\t',
         "reward": {"value": 1.0, "resolved": True},
         3: "int key",
     }
