@@ -92,7 +92,7 @@ from runner_probe import (
     store_rows,
 )
 from uniagent.models.base import Generation
-from uniagent.models.replay import ReplayRecord, save_records
+from uniagent.models.replay import ANY_PROMPT, ReplayRecord, save_records
 from uniagent.parsers import get_parser
 from uniagent.parsers.base import ToolCall
 from uniagent.tasks import load_tasks
@@ -170,14 +170,14 @@ def load_codec() -> ChatCodec:
 
 def write_script(path: Path, codec: ChatCodec, tasks: list[Task], samples: int) -> Path:
     """The replay file: per `INSTANCE#SAMPLE` request id, ten generations in turn order. Prompts
-    are not recorded (observations hold timestamps), so the engine replays by request id and turn."""
+    are not recorded (observations hold timestamps): `ANY_PROMPT` replays by request id and turn."""
     records = []
     for task in tasks:
         turns = [codec.encode(t) + codec.eot_ids for t in script_turns(task)]
         for s in range(samples):
             for turn, ids in enumerate(turns):
                 gen = Generation(list(ids), [-0.1] * len(ids), "stop")
-                records.append(ReplayRecord(f"{task.instance_id}#{s}", gen, turn, None, "0" * 64))
+                records.append(ReplayRecord(f"{task.instance_id}#{s}", gen, turn, None, ANY_PROMPT))
     save_records(records, path, include_prompts=False)
     return path
 

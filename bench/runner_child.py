@@ -178,9 +178,6 @@ def peak_rss_kb() -> int:
 
 def main(spec_path: str) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    # The scripted turns carry no prompt hash (observations hold timestamps), so the replay engine
-    # would log one "prompt differs" warning per turn: 10,000 lines at the top level, not the work.
-    logging.getLogger("uniagent.models.replay").setLevel(logging.ERROR)
     spec = json.loads(Path(spec_path).read_text())
     from uniagent.runner import build_config
     from uniagent.runner.run import Runner

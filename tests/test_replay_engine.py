@@ -103,3 +103,31 @@ def test_malformed_recording_names_the_line(tmp_path):
     path.write_text(json.dumps(good.to_json()) + "\n{not json}\n")
     with pytest.raises(EngineError, match=r"bad.jsonl:2"):
         ReplayEngine(path)
+
+
+def test_any_prompt_records_replay_by_request_and_turn_without_hashing(monkeypatch) -> None:
+    """Scripted turns (bench/runner.py) whose prompts cannot be known: no hash, no comparison, no
+    warning, and not in the prompt pool."""
+    import asyncio
+
+    from uniagent.models import replay as replay_module
+    from uniagent.models.base import Generation, SamplingParams
+    from uniagent.models.replay import ANY_PROMPT, ReplayEngine, ReplayRecord
+
+    records = [ReplayRecord("r", Generation([5 + t], [-0.1], "stop"), t, None, ANY_PROMPT) for t in range(3)]
+    engine = ReplayEngine(records, strict=True)
+
+    def no_hash(*_a, **_k):
+        raise AssertionError("hashed a prompt of an ANY_PROMPT record")
+
+    monkeypatch.setattr(replay_module._PromptHasher, "digest", no_hash)
+
+    async def go() -> list[int]:
+        out = []
+        for turn in range(3):
+            gen = await engine.generate([1, 2, 3 + turn], SamplingParams(), "r")
+            out.extend(gen.token_ids)
+        return out
+
+    assert asyncio.run(go()) == [5, 6, 7]
+    assert engine.remaining() == 0 and not engine._by_prompt

@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 MatchMode = Literal["request", "prompt"]
 
 
+ANY_PROMPT = "*"
+"""A record's `prompt_hash` that says: replay me by request and turn, whatever the prompt. For
+scripted turns (tests, bench/runner.py) whose prompts cannot be known when the script is written
+(observations hold timestamps, paths): nothing is hashed or compared for them, and they are not
+in the prompt pool (`match="prompt"` cannot find them)."""
+
+
 def prompt_hash(prompt_ids: list[int]) -> str:
     """Stable digest of a prompt, so recordings can omit long prompts and still be checked."""
     return hashlib.sha256(json.dumps(list(prompt_ids), separators=(",", ":")).encode()).hexdigest()
@@ -193,7 +200,8 @@ class ReplayEngine:
         for record in sorted(self.records, key=lambda r: r.turn):  # stable: keeps file order within a turn
             self._by_request[record.request_id].append(record)
         for record in self.records:
-            self._by_prompt[record.prompt_hash].append(record)
+            if record.prompt_hash != ANY_PROMPT:
+                self._by_prompt[record.prompt_hash].append(record)
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str], **options: Any) -> ReplayEngine:
@@ -227,6 +235,8 @@ class ReplayEngine:
                 )
             return self._next_for_prompt(prompt_ids, request_id, turn)
         record = queue.popleft()
+        if record.prompt_hash == ANY_PROMPT:
+            return record
         self._discard_from_prompt_pool(record)
         digest = self._hashers[request_id].digest(prompt_ids)
         if not queue:  # the request's last turn: its prefix is not needed again
