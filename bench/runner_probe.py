@@ -9,6 +9,7 @@ in the store and in its export, and resolved.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sqlite3
@@ -113,6 +114,7 @@ class TreeMonitor(threading.Thread):
         self.peak_root = 0
         self.peak_tree = 0
         self.peak_tree_pss = 0
+        self.peak_pss_by_name: collections.Counter[str] = collections.Counter()
         self.mem_baseline = mem_used()
         self.peak_mem_used = self.mem_baseline
         self.peak_procs = 0
@@ -145,7 +147,13 @@ class TreeMonitor(threading.Thread):
         self.peak_procs = max(self.peak_procs, len(procs))
         self.peak_mem_used = max(self.peak_mem_used, mem_used())
         if self.samples % self.pss_every == 0:
-            self.peak_tree_pss = max(self.peak_tree_pss, sum(pss(p.pid) for p in procs))
+            by_name: collections.Counter[str] = collections.Counter()
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    by_name[p.name()] += pss(p.pid)
+            total = sum(by_name.values())
+            if total > self.peak_tree_pss:
+                self.peak_tree_pss, self.peak_pss_by_name = total, by_name
         self.samples += 1
 
     def memory_mb(self) -> dict[str, float]:
@@ -154,6 +162,7 @@ class TreeMonitor(threading.Thread):
         mb = 1 << 20
         return {
             "tree_pss": round(self.peak_tree_pss / mb, 1),
+            "tree_pss_by_command": {k: round(v / mb, 1) for k, v in self.peak_pss_by_name.most_common(6)},
             "machine_delta": round((self.peak_mem_used - self.mem_baseline) / mb, 1),
         }
 
