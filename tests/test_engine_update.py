@@ -209,6 +209,28 @@ async def test_an_update_drops_every_kept_prefix(engine, models, states, prompts
     )
 
 
+async def test_keeping_kv_applies_mid_batch_and_prefills_nothing_again(engine, models, states, prompts):
+    """keep_kv (PipelineRL's in-flight update): the running row is not interrupted and its prompt is run
+    once; the tokens before the update are exactly version 0's, those after are tagged 1; a prefix kept
+    before the update still serves the episode's next turn."""
+    first = await engine.generate(prompts[3], sampled(4), "kept")
+    before = engine.stats
+    on_token, seen = after(4, lambda: engine.update_weights(states[1], 1, keep_kv=True))
+    gen = await engine.generate(prompts[0], sampled(16), "running", on_token=on_token)
+    report = await asyncio.wrap_future(seen[1][0])
+    assert report["interrupted"] == 0 and engine.version == 1
+    j = split(gen)
+    stats = engine.stats
+    assert stats.prefill_tokens - before.prefill_tokens == len(prompts[0])
+    assert stats.interrupted == before.interrupted and len(gen.token_ids) == 16
+    old = recompute_log_probs(models[0], [(prompts[0], gen.token_ids)])[0]
+    assert gen.logprobs[:j] == pytest.approx(old[:j], abs=ATOL)
+    turn = prompts[3] + first.token_ids + [198, 28, 940]
+    await engine.generate(turn, sampled(4), "kept")
+    assert engine.stats.prefix_hits == stats.prefix_hits + 1
+    assert engine.stats.prefill_tokens - stats.prefill_tokens <= len(turn) - len(prompts[3])
+
+
 async def test_an_interrupted_request_can_be_cancelled(engine, states, prompts):
     before = engine.stats
     on_token, seen = after(3, lambda: engine.update_weights(states[1], 1))

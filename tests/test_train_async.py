@@ -206,3 +206,21 @@ def test_dynamic_sampling_without_signal_stops_naming_the_knob(tiny_model, tmp_p
     )
     with pytest.raises(TrainingError, match="max_num_gen_batches"):
         _train(cfg)
+
+
+def test_async_keeping_kv_updates_mid_turn_without_prefilling_again(tiny_model, tmp_path) -> None:
+    """kv_on_update=keep (PipelineRL's in-flight update): nothing is interrupted, so no prompt token
+    is prefilled twice; episodes still span updates, each token tagged with the weights that sampled
+    it, within the staleness bound; the step rows say what the engine ran."""
+    rows, seen, _ = _train(
+        _config(tiny_model, tmp_path / "run", "trainer.kv_on_update=keep", "trainer.steps=3")
+    )
+    assert sum(r["interrupted"] for r in rows) == 0
+    assert all(r["engine"]["interrupted"] == 0 and r["engine"]["decode_steps"] > 0 for r in rows)
+    mixed = 0
+    for step, samples in enumerate(seen):
+        for s in samples:
+            versions = _model_versions(s)
+            assert step - min(versions) <= 1 and max(versions) <= step
+            mixed += len(set(versions)) > 1
+    assert mixed > 0, "no trained episode spans a weight update"

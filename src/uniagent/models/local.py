@@ -218,7 +218,12 @@ class LocalEngine:
             raise
 
     def update_weights(
-        self, state: Mapping[str, torch.Tensor] | None, version: int, *, interrupt: bool = True
+        self,
+        state: Mapping[str, torch.Tensor] | None,
+        version: int,
+        *,
+        interrupt: bool = True,
+        keep_kv: bool = False,
     ) -> concurrent.futures.Future[dict[str, Any]]:
         """Serve `state` (a name -> tensor mapping such as the policy's `state_dict()`) as `version`.
 
@@ -226,7 +231,10 @@ class LocalEngine:
         (at once when idle). `interrupt=True` (partial rollout): running generations are taken out and
         resumed under the new weights, so one `Generation` holds tokens of both versions, each with the
         logprob and version it was sampled with. `interrupt=False`: no request is admitted until the
-        running ones finish under the old weights, then the update is applied. `state=None` changes only
+        running ones finish under the old weights, then the update is applied. `keep_kv=True` (overrides
+        `interrupt`): applied between two decode steps, the running rows go on with the keys/values the
+        old weights computed and kept prefixes stay (models/local_update.py says what that means for
+        logprobs). `state=None` changes only
         the version (a model shared with the trainer, already updated in place).
 
         The future resolves with `{"interrupted": rows resumed, "waited_s": queued until applied,
@@ -236,7 +244,11 @@ class LocalEngine:
         future not yet running drops the update.
         """
         update = WeightUpdate(
-            state=state, version=int(version), interrupt=interrupt, queued=time.perf_counter()
+            state=state,
+            version=int(version),
+            interrupt=interrupt and not keep_kv,
+            queued=time.perf_counter(),
+            keep_kv=keep_kv,
         )
         with self._cond:
             if self._closing or not self._thread.is_alive():
@@ -382,7 +394,11 @@ class LocalEngine:
         with self._cond:
             while self._updates and self._updates[0].future.cancelled():  # dropped by its caller
                 self._updates.popleft()
-            while self._updates and not self._closing and (batch is None or self._updates[0].interrupt):
+            while (
+                self._updates
+                and not self._closing
+                and (batch is None or self._updates[0].interrupt or self._updates[0].keep_kv)
+            ):
                 update = self._updates.popleft()
                 if update.future.set_running_or_notify_cancel():  # False: cancelled just now
                     return update
@@ -390,7 +406,8 @@ class LocalEngine:
 
     def _apply(self, batch: Batch | None, update: WeightUpdate) -> Batch | None:
         """Check, interrupt the running rows, drop every key/value computed under the old weights, copy,
-        and queue the interrupted rows first. A state that does not fit changes nothing."""
+        and queue the interrupted rows first (with `keep_kv`: check, copy, and the batch runs on). A
+        state that does not fit changes nothing."""
         began = time.perf_counter()
         try:
             pairs = match_state(self._model, update.state, update.version) if update.state is not None else []
@@ -402,8 +419,9 @@ class LocalEngine:
         except BaseException as exc:
             resolve(update.future, EngineError(f"weight update to version {update.version} failed: {exc!r}"))
             raise
-        resumed = self._batches.interrupt(batch)
-        self._prefixes.clear()
+        resumed = [] if update.keep_kv else self._batches.interrupt(batch)
+        if not update.keep_kv:
+            self._prefixes.clear()
         self._batches.version = update.version
         self._stats.weight_updates += 1
         self._stats.interrupted += len(resumed)
@@ -412,7 +430,7 @@ class LocalEngine:
         done = time.perf_counter()
         result = {"interrupted": len(resumed), "waited_s": began - update.queued, "apply_s": done - began}
         resolve(update.future, {**result, "version": update.version})
-        return None
+        return batch if update.keep_kv else None
 
     def _forward(self, **inputs: Any) -> Any:
         """The one place the model is called (tests replace it to inject failures)."""

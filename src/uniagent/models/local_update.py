@@ -11,6 +11,13 @@ it between two decode steps, so no forward pass ever runs on half-copied weights
   again under the new weights, so the logprob of every token is exactly the one the policy that sampled
   it gives for its exact prefix: what a trainer recomputes and what the version tag promises. The cost
   is one prefill of each interrupted row (measured in the issue-17 report), paid once per update.
+- `keep_kv=True` (PipelineRL's in-flight update): the running rows go on with their cache and the kept
+  prefixes stay. Tokens after the update are sampled by the new weights attending to keys/values the old
+  weights computed. Each token's logprob is still exactly the probability it was sampled with (the
+  behaviour policy an importance-sampling correction needs), but no longer what a teacher-forced pass
+  under either version gives; the version tag names the weights that sampled it. It costs nothing: no
+  prefill is run again, where recomputing costs one prefill of every interrupted row and of every
+  episode's next turn (the measured trade-off is in docs/training.md).
 - `interrupt=False` (verl without partial rollout): no request is admitted while the update waits; the
   running rows finish under the old weights, then it is applied and the queue resumes under the new.
 - Everything is checked before anything is copied (`match_state`): a wrong key or shape fails the
@@ -35,12 +42,14 @@ if TYPE_CHECKING:
 @dataclass(eq=False)
 class WeightUpdate:
     """One `update_weights` call: what to copy (None: the version only), the version it makes, whether
-    it interrupts running rows, the caller's future, and when it was queued (`time.perf_counter`)."""
+    it interrupts running rows, the caller's future, when it was queued (`time.perf_counter`), and
+    whether keys/values computed by the old weights are kept (applied mid-batch, nothing interrupted)."""
 
     state: Mapping[str, torch.Tensor] | None
     version: int
     interrupt: bool
     queued: float
+    keep_kv: bool = False
     future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
 
 

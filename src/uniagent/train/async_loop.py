@@ -286,7 +286,10 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                 t2 = time.perf_counter()
                 state = {k: v.detach() for k, v in trainer.policy.state_dict().items()}
                 sync = trainer.engine.update_weights(
-                    state, trainer.step + 1, interrupt=cfg.trainer.partial_rollout
+                    state,
+                    trainer.step + 1,
+                    interrupt=cfg.trainer.partial_rollout,
+                    keep_kv=cfg.trainer.partial_rollout and cfg.trainer.kv_on_update == "keep",
                 )
                 synced = await asyncio.wrap_future(sync)
                 sync_s = time.perf_counter() - t2

@@ -205,6 +205,14 @@ class TrainerSection(BaseModel):
         description="async: at a weight update, in-flight generations are interrupted and resumed under the "
         "new weights (verl async_training.partial_rollout); False: the update waits for them to finish",
     )
+    kv_on_update: Literal["recompute", "keep"] = Field(
+        "recompute",
+        description="async with partial_rollout: what happens to keys/values the old weights computed "
+        "at an update. recompute: interrupted rows and every episode's next turn prefill again under "
+        "the new weights (each logprob is its version's teacher-forced one); keep: running rows go on "
+        "and kept prefixes stay (PipelineRL's in-flight update: no prefill is repeated, each logprob "
+        "is still the exact sampling probability, but its context came partly from the old weights)",
+    )
     engine_threads: int | None = Field(
         None, ge=1, description="async: torch threads of the rollout engine (default: half the cores, >= 1)"
     )

@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
 import logging
 import os
 import random
@@ -174,6 +175,7 @@ class LocalTrainer:
         self.engine = LocalEngine.from_model(
             served, max_batch_size=cfg.model.max_batch_size, version=self.step, threads=self.engine_threads
         )
+        self._engine_mark: dict[str, int] = {}  # engine counters at the last step row (`engine_work`)
         self._writers = Writers(self.out, cfg, self.redactor)
         # Updates and saves run on one dedicated thread: a fresh pool thread per step would give each
         # its own malloc arena and OpenMP team (memory fragmentation, slower kernels on few cores).
@@ -304,6 +306,14 @@ class LocalTrainer:
             return "zero_variance"
         return None
 
+    def engine_work(self) -> dict[str, int]:
+        """The engine's work since the last call (prompt tokens run, prompt tokens a kept prefix saved,
+        decode steps, prefill forwards, rows interrupted by an update): where a step's rollout time went."""
+        now = dataclasses.asdict(self.engine.stats)
+        last, self._engine_mark = self._engine_mark, now
+        keys = ("prefill_tokens", "prefix_reused_tokens", "decode_steps", "prefill_batches", "interrupted")
+        return {k: now[k] - last.get(k, 0) for k in keys}
+
     def step_row(
         self,
         samples: list[Sample],
@@ -318,6 +328,7 @@ class LocalTrainer:
         """The metrics row of a step (sync and async write the same keys; see the module docstring)."""
         trainable = [s for s in samples if s.result.trainable]
         rewards = [s.result.reward.value for s in trainable]
+        engine = self.engine_work()
         exits: dict[str, int] = {}
         for s in samples:
             exits[s.result.exit_reason.value] = exits.get(s.result.exit_reason.value, 0) + 1
@@ -340,6 +351,7 @@ class LocalTrainer:
             "step_s": step_s,
             "rss_mb": rss_mb(),
             "exit_reasons": exits,
+            "engine": engine,
             **extra,
             "time": time.time(),
         }

@@ -428,6 +428,11 @@ KNOBS: dict[str, Knob] = {
         "same (async only)",
         lambda c: {"async_training.partial_rollout": c.trainer.partial_rollout} if _is_async(c) else {},
     ),
+    "trainer.kv_on_update": Knob(
+        (),
+        "local only: verl's partial rollout resumes an aborted request by prefilling it again under the "
+        "new weights (recompute); keep is PipelineRL's in-flight update, which verl's servers do not offer",
+    ),
     "trainer.engine_threads": Knob(
         (), "local only: CPU threads; verl gives rollouts their own GPUs (rollout.n_gpus_per_node)"
     ),
