@@ -17,7 +17,7 @@ it between two decode steps, so no forward pass ever runs on half-copied weights
   behaviour policy an importance-sampling correction needs), but no longer what a teacher-forced pass
   under either version gives; the version tag names the weights that sampled it. It costs nothing: no
   prefill is run again, where recomputing costs one prefill of every interrupted row and of every
-  episode's next turn (the measured trade-off is in docs/training.md).
+  episode's next turn.
 - `interrupt=False` (verl without partial rollout): no request is admitted while the update waits; the
   running rows finish under the old weights, then it is applied and the queue resumes under the new.
 - Everything is checked before anything is copied (`match_state`): a wrong key or shape fails the
