@@ -394,11 +394,7 @@ class LocalEngine:
         with self._cond:
             while self._updates and self._updates[0].future.cancelled():  # dropped by its caller
                 self._updates.popleft()
-            while (
-                self._updates
-                and not self._closing
-                and (batch is None or self._updates[0].interrupt or self._updates[0].keep_kv)
-            ):
+            while self._updates and not self._closing and (batch is None or self._updates[0].mid_batch):
                 update = self._updates.popleft()
                 if update.future.set_running_or_notify_cancel():  # False: cancelled just now
                     return update

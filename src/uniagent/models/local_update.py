@@ -52,6 +52,11 @@ class WeightUpdate:
     keep_kv: bool = False
     future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
 
+    @property
+    def mid_batch(self) -> bool:
+        """Applied between two decode steps of a running batch (else only once the engine is idle)."""
+        return self.interrupt or self.keep_kv
+
 
 def match_state(
     model: torch.nn.Module, state: Mapping[str, torch.Tensor], version: int

@@ -8,8 +8,9 @@ How it works, and why
   `LocalEngine.update_weights`, applied between two decode steps. With `trainer.partial_rollout`
   (the default) generations in flight are interrupted there and resumed under the new weights: the
   interrupted prefix's keys/values are recomputed (stale ones would give logprobs of no policy), and
-  every token keeps the logprob and the policy version it was sampled with. Without it the update
-  waits for the running generations to finish.
+  every token keeps the logprob and the policy version it was sampled with; `trainer.kv_on_update:
+  keep` lets the running rows go on with the old keys/values instead (nothing is prefilled again).
+  Without partial rollout the update waits for the running generations to finish.
 - **Producer.** `Rollouts` keeps groups (`group_size` episodes of one task) in flight up to
   `trainer.concurrency` episodes. A group may start only while
   `groups started - groups dropped < (version + max_staleness + 1) * tasks_per_step` (AReaL's
