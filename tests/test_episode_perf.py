@@ -283,26 +283,31 @@ async def test_local_upload_of_a_tree_is_a_cp_child_with_the_same_result(
 @pytest.mark.skipif(
     sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"), reason="3.11 pidfd watcher only"
 )
-def test_pidfd_watcher_takes_the_exit_code_from_popen_when_popen_reaped_it(caplog) -> None:  # type: ignore[no-untyped-def]
+def test_pidfd_watcher_takes_the_exit_code_from_popen_when_popen_reaped_it() -> None:
     """asyncio's transport.close() polls its Popen, which reaps an exited child before the watcher
-    sees it: the exit code is the Popen's, not 255 with a warning on the CLI's stderr."""
-    import asyncio
-    import time
+    sees it: the exit code is the Popen's, not 255 with a warning on the CLI's stderr.
 
-    from uniagent.runner.pidfd import LoopPidfdWatcher
+    Runs in a fresh interpreter: a thread or signal handler left by another test in this process
+    may reap the child first, and then the Popen itself reads no exit code."""
+    import subprocess
 
-    async def main() -> int:
-        proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
-        time.sleep(0.3)  # exits meanwhile; the loop has not run the watcher yet
-        assert proc._transport._proc.poll() == 3  # type: ignore[attr-defined]  # the Popen reaps it
-        return await proc.wait()
+    script = """
+import asyncio, logging, time, warnings
+from uniagent.runner.pidfd import LoopPidfdWatcher
+logging.basicConfig(level=logging.WARNING)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = asyncio.get_child_watcher()
-        asyncio.set_child_watcher(LoopPidfdWatcher())
-        try:
-            assert asyncio.run(main()) == 3
-        finally:
-            asyncio.set_child_watcher(old)
-    assert "already read" not in caplog.text
+async def main():
+    proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    time.sleep(0.3)  # exits meanwhile; the loop has not run the watcher yet
+    assert proc._transport._proc.poll() == 3  # the Popen reaps it
+    return await proc.wait()
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    asyncio.set_child_watcher(LoopPidfdWatcher())
+print(asyncio.run(main()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3"
+    assert "already read" not in out.stderr
