@@ -299,6 +299,44 @@ async def test_prefix_budget_zero_turns_reuse_off(smol_engine, prompts):
     assert_same(reused, gen)
 
 
+SYSTEM = (
+    "You are a careful assistant inside a sandbox. Answer with one short sentence, never more, and "
+    "say plainly when you do not know. Tools: bash (runs a command) and finish (ends the episode)."
+)
+
+
+def system_prompt(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+async def test_fresh_requests_prefilled_together_run_their_common_start_once(smol_engine, smol_tokenizer):
+    """A GRPO group's (or every task's) shared prompt start runs once; the rows' numbers are those of
+    solo runs; a fresh request that comes later reuses it from the store's shared entry."""
+    from uniagent.models.kv import common_prefix
+
+    chosen = [system_prompt(smol_tokenizer, q) for q in QUESTIONS[:4]]
+    shared = min(common_prefix(chosen[0], p) for p in chosen[1:])
+    assert shared >= 32
+    reference = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END], prefix_cache_bytes=0)
+    async with reference:
+        alone = [await reference.generate(p, greedy(6, stop=[]), f"alone-{i}") for i, p in enumerate(chosen)]
+    engine = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END])
+    async with engine:
+        together = await asyncio.gather(
+            *(engine.generate(p, greedy(6, stop=[]), f"row-{i}") for i, p in enumerate(chosen[:3]))
+        )
+        stats = engine.stats
+        assert stats.prefill_tokens == shared + sum(len(p) - shared for p in chosen[:3])
+        assert stats.prefix_hits == 3 and stats.prefix_reused_tokens == 3 * shared
+        late = await engine.generate(chosen[3], greedy(6, stop=[]), "late")
+        assert engine.stats.prefix_reused_tokens - stats.prefix_reused_tokens == shared
+        assert engine.stats.prefill_tokens - stats.prefill_tokens == len(chosen[3]) - shared
+    for a, b in zip(alone, [*together, late], strict=True):
+        assert_same(a, b)
+
+
 async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, prompts, monkeypatch):
     """Tiny spare/chunk sizes make every few decode steps regrow the buffers, joins included."""
     import uniagent.models.kv as kv
@@ -339,6 +377,31 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
     assert {"c", "d"} == {k for k in ("a", "b", "c", "d") if store.match(k, list(range(20)))}
     store.put("e", entry(30))  # larger than the whole budget: not kept, nothing evicted for it
     assert len(store) == 2 and store.nbytes == entry(10).nbytes * 2
+
+
+def test_prefix_store_shared_entry_is_copied_not_taken_and_evicted_last():
+    from uniagent.models.kv import Prefix, PrefixStore
+
+    def entry(n: int) -> Prefix:
+        return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
+
+    store = PrefixStore(budget_bytes=entry(10).nbytes * 3)
+    store.share(entry(10))
+    prompt = list(range(20))
+    assert store.match("new", prompt) == 10
+    assert store.take("new", prompt) is store.shared and store.shared is not None  # stays for the next
+    store.put("a", entry(15))  # the request's own, longer entry wins over the shared one
+    assert store.match("a", prompt) == 15 and store.take("a", prompt) is not store.shared
+    store.put("b", entry(10))
+    store.put("c", entry(10))
+    store.put("e", entry(10))  # over budget: "b" (the oldest own entry) goes before the shared one
+    assert store.match("b", [*range(10), 99, 98]) == 10  # only the shared entry serves "b" now
+    assert store.shared is not None and len(store) == 2
+    store.put("d", entry(30))  # needs everything: the own entries go first, then the shared one
+    assert store.shared is None and store.match("new", prompt) == 0 and len(store) == 1
+    store.share(entry(10))
+    store.clear()
+    assert store.shared is None and store.nbytes == 0
 
 
 async def test_model_config_sets_the_prefix_budget(monkeypatch):

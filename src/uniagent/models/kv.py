@@ -15,6 +15,10 @@ Why it is built this way (measured with py-spy on 2 CPU cores, SmolLM2-135M, 2,0
   holds, bounded by a byte budget with least-recently-used eviction. A new prompt reuses only the
   longest common prefix of those ids, so a changed history is never reused; an entry is taken out while
   its request runs, so a request that fails or is cancelled leaves nothing behind.
+- It also holds one shared entry: the prompt start that fresh requests prefilled together had in
+  common (a GRPO group's prompt, the system prompt and tool schemas of every task). A request with
+  no longer entry of its own reuses it and leaves it in place. On a 2-core CPU the turn-1 prompt
+  (~400 tokens) was most of a lookup training step's engine time; every episode ran it again.
 
 Rows of a batch are aligned on the right; each row's real slots are marked in `mask` (a boolean per
 column). Columns a row does not use (left padding, or the gap between a reused prefix and its new
@@ -276,35 +280,45 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PrefixStore:
-    """Per-request-id prefixes under a byte budget, least recently used evicted first.
+    """Per-request-id prefixes under a byte budget, least recently used evicted first, plus one shared
+    prefix (see the module docstring).
 
-    Only the engine's worker thread touches it. `take` removes the entry: the running request owns its
-    prefix until it finishes and `put`s the longer one back.
+    Only the engine's worker thread touches it. `take` removes the request's own entry: the running
+    request owns its prefix until it finishes and `put`s the longer one back. The shared entry is
+    never taken (rows copy it into their cache), only replaced, evicted last, or cleared.
     """
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = max(0, int(budget_bytes))
         self._entries: collections.OrderedDict[str, Prefix] = collections.OrderedDict()
+        self.shared: Prefix | None = None
         self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def match(self, request_id: str, prompt_ids: list[int]) -> int:
-        """How many leading prompt tokens the entry for `request_id` covers: its ids and the prompt's agree
-        up to there (zero when they differ at the start), and the last prompt token is always run, for
-        its logits."""
+    def _matches(self, request_id: str, prompt_ids: list[int]) -> tuple[int, int]:
+        """(own, shared): how many leading prompt tokens each entry covers, the last token excluded."""
+        cap = len(prompt_ids) - 1
         entry = self._entries.get(request_id)
-        if entry is None:
-            return 0
-        return min(common_prefix(entry.ids, prompt_ids), len(prompt_ids) - 1)
+        own = min(common_prefix(entry.ids, prompt_ids), cap) if entry is not None else 0
+        shared = min(common_prefix(self.shared.ids, prompt_ids), cap) if self.shared is not None else 0
+        return own, shared
 
-    def take(self, request_id: str) -> Prefix | None:
-        """Remove and return the entry: the running request owns it now."""
+    def match(self, request_id: str, prompt_ids: list[int]) -> int:
+        """How many leading prompt tokens can be reused: the entry for `request_id` or the shared one,
+        whichever agrees with the prompt longer (zero when neither does), and the last prompt token is
+        always run, for its logits."""
+        return max(self._matches(request_id, prompt_ids))
+
+    def take(self, request_id: str, prompt_ids: list[int] | None = None) -> Prefix | None:
+        """Remove and return the request's own entry (the running request owns it now); with
+        `prompt_ids`, the shared entry instead where it covers more of them (the own one is dropped)."""
+        own, shared = self._matches(request_id, prompt_ids) if prompt_ids is not None else (1, 0)
         entry = self._entries.pop(request_id, None)
         if entry is not None:
             self.nbytes -= entry.nbytes
-        return entry
+        return self.shared if shared > own else entry
 
     def put(self, request_id: str, prefix: Prefix) -> None:
         size = prefix.nbytes
@@ -313,12 +327,32 @@ class PrefixStore:
         old = self._entries.pop(request_id, None)
         if old is not None:
             self.nbytes -= old.nbytes
-        while self._entries and self.nbytes + size > self.budget_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self.nbytes -= evicted.nbytes
+        self._make_room(size)
         self._entries[request_id] = prefix
         self.nbytes += size
 
+    def share(self, prefix: Prefix) -> None:
+        """Make `prefix` the shared entry (the old one goes)."""
+        if self.shared is not None:
+            self.nbytes -= self.shared.nbytes
+            self.shared = None
+        size = prefix.nbytes
+        if size > self.budget_bytes:
+            return
+        self._make_room(size)
+        self.shared = prefix
+        self.nbytes += size
+
+    def _make_room(self, size: int) -> None:
+        """Evict per-request entries, oldest first, then the shared one, until `size` more bytes fit."""
+        while self._entries and self.nbytes + size > self.budget_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.nbytes -= evicted.nbytes
+        if self.shared is not None and self.nbytes + size > self.budget_bytes:
+            self.nbytes -= self.shared.nbytes
+            self.shared = None
+
     def clear(self) -> None:
         self._entries.clear()
+        self.shared = None
         self.nbytes = 0

@@ -383,7 +383,7 @@ class LocalEngine:
                     break
                 taken.append(self._pending.popleft())
                 # The request owns its episode's prefix from here: a failure or cancellation drops it.
-                request.prefix = self._prefixes.take(request.request_id)
+                request.prefix = self._prefixes.take(request.request_id, request.prompt_ids)
                 request.reused = reused
                 budget += request.budget
                 longest = max(longest, n)

@@ -13,6 +13,9 @@ admitted rows on the model, only ever from the engine's worker thread. Why it is
   under its (sticky, per-episode) request id in a `PrefixStore` with a byte budget; the next request
   with that id prefills only the tokens after the longest common prefix. A turn of an agent episode
   then costs its new tokens, not its whole history.
+- Shared prefill: fresh requests prefilled together run the prompt start they share once (a batch-1
+  pass) and every row takes it as a reused prefix; the store keeps it as its shared entry for fresh
+  requests that come later. A group of 4 samples of one task then runs ~1 turn-1 prompt, not 4.
 - The logprob of a token is the raw model log-softmax (temperature 1, before top-k/top-p) in fp32:
   that is what a trainer recomputes with one teacher-forced pass.
 """
@@ -30,7 +33,7 @@ import torch
 
 from uniagent.errors import EngineError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
-from uniagent.models.kv import Dims, Prefix, PrefixStore, SlotCache, supports_slots
+from uniagent.models.kv import Dims, Prefix, PrefixStore, SlotCache, common_prefix, supports_slots
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _PAD_ID = 0  # any valid id: padded slots are masked out and never read back
 _SPARE = 256  # decode columns reserved past a prefill or merge; the cache grows by chunks after that
+_MIN_SHARED = 32  # common prompt tokens below which a separate shared pass is not worth its forward
 
 
 @dataclass
@@ -200,6 +204,8 @@ class BatchRunner:
         Layout of the cache: reused prefixes end at column `past` (right-aligned), new tokens fill the
         `width` columns after it (right-aligned, left-padded); columns a row does not use are masked.
         """
+        if self.slots and self._prefixes.budget_bytes:
+            self._share_prefix(requests)
         past = max(r.reused for r in requests)
         width = max(len(r.prompt_ids) - r.reused for r in requests)
         ids, new, positions = [], [], []
@@ -247,6 +253,40 @@ class BatchRunner:
             cache.advance(width)
             return Batch(rows=rows, cache=cache)
         return Batch(rows=rows, cache=out.past_key_values, mask=new_mask.long())
+
+    def _share_prefix(self, requests: list[Request]) -> None:
+        """Requests with (next to) nothing reused that start with the same tokens: run those tokens
+        once, give every such request the result as its reused prefix, and keep it as the store's
+        shared entry. The keys/values are the same as each row's own up to float noise (as for any
+        reused prefix: one pass at batch 1 instead of padded rows)."""
+        fresh = [r for r in requests if r.reused < _MIN_SHARED]
+        if len(fresh) < 2:
+            return
+        ids = fresh[0].prompt_ids
+        n = len(ids) - 1
+        for r in fresh[1:]:
+            n = min(n, len(r.prompt_ids) - 1, common_prefix(ids, r.prompt_ids))
+        if n < _MIN_SHARED:
+            return
+        assert self.dims is not None
+        cache = SlotCache(self.dims, 1, n)
+        mask = cache.attention_mask(torch.ones((1, n), dtype=torch.bool, device=self.device))
+        self._forward(
+            input_ids=torch.tensor([ids[:n]], device=self.device),
+            attention_mask=mask,
+            position_ids=torch.arange(n, device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.advance(n)
+        keys, values = cache.row_kv(0)
+        shared = Prefix(ids=list(ids[:n]), keys=keys, values=values)
+        self._stats.prefill_batches += 1
+        self._stats.prefill_tokens += n
+        for r in fresh:
+            r.prefix, r.reused = shared, n
+        self._prefixes.share(shared)
 
     def _decode(self, batch: Batch) -> None:
         n = len(batch.rows)
