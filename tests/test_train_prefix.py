@@ -82,3 +82,22 @@ def test_nothing_is_shared_without_a_long_common_prefix() -> None:
     assert algo.shared_prefix_len(algo.pack(_rows(different, 2))) == 0
     few = [[*range(3, 13), *range(20, 70)], [*range(3, 13), *range(100, 150)]]  # 10 in common
     assert algo.shared_prefix_len(algo.pack(_rows(few, 2))) == 0
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_copy_free_gqa_attention_gives_the_update_the_same_numbers(model, share) -> None:
+    """The trainer switches its policy to `uniagent_sdpa` (kv heads never repeated, the engine's too):
+    logprobs and gradients are those of transformers' own sdpa, padded rows and shared prefix included."""
+    import copy
+
+    from uniagent.models.kv import ATTENTION, use_gqa_attention
+
+    gqa = copy.deepcopy(model)
+    use_gqa_attention(gqa)
+    assert gqa.config._attn_implementation == ATTENTION and model.config._attn_implementation == "sdpa"
+    batch = algo.pack(_rows([list(range(3, 3 + 60)), [*range(3, 3 + 40), *range(100, 130)]], 3))
+    stock_logp, stock_grads = _run(model, batch, share=share)
+    gqa_logp, gqa_grads = _run(gqa, batch, share=share)
+    assert torch.allclose(gqa_logp, stock_logp, atol=1e-5)
+    for a, b in zip(gqa_grads, stock_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

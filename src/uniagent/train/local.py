@@ -132,6 +132,7 @@ class LocalTrainer:
 
     def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
         from uniagent.models.factory import local_weights
+        from uniagent.models.kv import use_gqa_attention
         from uniagent.models.loading import load_causal_lm, load_tokenizer, resolve_model
         from uniagent.models.local import LocalEngine
         from uniagent.tokens import ChatCodec
@@ -150,6 +151,10 @@ class LocalTrainer:
         source = resolve_model(local_weights(cfg.model.spec))
         self.codec = ChatCodec(load_tokenizer(source))
         self.policy = load_causal_lm(source, device=cfg.model.device, dtype=cfg.model.dtype)
+        # The copy-free GQA attention (models/kv.py) for the update and the engine alike: stock sdpa
+        # repeats every key/value head 3x whenever rows are padded, which was a third of the engine's
+        # forward time in a lookup step. Same logprobs and gradients (tests/test_train_prefix.py).
+        use_gqa_attention(self.policy)
         self.ref: torch.nn.Module | None = None
         if cfg.algo.kl_loss_coef > 0:
             self.ref = copy.deepcopy(self.policy).requires_grad_(False)
