@@ -217,7 +217,10 @@ class TrainerSection(BaseModel):
         None, ge=1, description="async: torch threads of the rollout engine (default: half the cores, >= 1)"
     )
     trainer_threads: int | None = Field(
-        None, ge=1, description="async: torch threads of the update (default: the other half, >= 1)"
+        None,
+        ge=1,
+        description="async: torch threads of the update (default: every core: the update is what an async "
+        "step waits for, and the engine idles part of each step)",
     )
 
 

@@ -202,12 +202,14 @@ class LocalTrainer:
 
     @property
     def trainer_threads(self) -> int | None:
-        """async: the update's torch threads (default: the cores the engine does not take). Measured
-        on 2 cores: giving the update both cores (3 threads in all) left the mean step after the first
-        unchanged (62.7 s either way), so the default does not oversubscribe."""
+        """async: the update's torch threads (default: every core). The update is what an async step
+        waits for once the engine runs a group's prompt once and attends without copies: measured on
+        2 cores (bench/train_async.py, 8 lookup steps), the engine idled 41 % of a step and the update
+        on one thread took 45 s a step; on both (3 threads in all) the step took 38.7 s. Before those
+        engine changes the engine was the bottleneck and both cores for the update gained nothing."""
         if self.cfg.trainer.mode == "sync":
             return None
-        return self.cfg.trainer.trainer_threads or max(1, (os.cpu_count() or 2) - (self.engine_threads or 1))
+        return self.cfg.trainer.trainer_threads or max(1, os.cpu_count() or 2)
 
     def pick_tasks(self) -> list[Task]:
         n = min(self.cfg.trainer.tasks_per_step, len(self.tasks))
