@@ -3,8 +3,9 @@
 How it works, and why
 ---------------------
 - **Two copies of the weights.** The engine serves its own copy of the policy on its own thread and
-  core budget (`trainer.engine_threads`); the trainer updates the policy on another
-  (`trainer.trainer_threads`). After each optimizer step the new weights go to the engine with
+  core budget (`trainer.engine_threads`, half the cores); the trainer updates the policy on its own
+  thread (`trainer.trainer_threads`, every core: the update is what a step waits for, and the
+  engine idles part of it). After each optimizer step the new weights go to the engine with
   `LocalEngine.update_weights`, applied between two decode steps. With `trainer.partial_rollout`
   (the default) generations in flight are interrupted there and resumed under the new weights: the
   interrupted prefix's keys/values are recomputed (stale ones would give logprobs of no policy), and
