@@ -358,11 +358,15 @@ async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, promp
         assert_same(a, b)
 
 
-def test_prefix_store_budget_evicts_the_least_recently_used():
-    from uniagent.models.kv import Prefix, PrefixStore
+def entry(n: int):
+    """A stored prefix of ids 0..n-1: 2 layers x 1 head x n tokens x 4 dims x (keys+values) x 4 bytes."""
+    from uniagent.models.kv import Prefix
 
-    def entry(n: int) -> Prefix:  # 2 layers x 1 head x n tokens x 4 dims x (keys+values) x 4 bytes
-        return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
+    return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
+
+
+def test_prefix_store_budget_evicts_the_least_recently_used():
+    from uniagent.models.kv import PrefixStore
 
     store = PrefixStore(budget_bytes=entry(10).nbytes * 2)
     store.put("a", entry(10))
@@ -380,10 +384,7 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
 
 
 def test_prefix_store_shared_entry_is_copied_not_taken_and_evicted_last():
-    from uniagent.models.kv import Prefix, PrefixStore
-
-    def entry(n: int) -> Prefix:
-        return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
+    from uniagent.models.kv import PrefixStore
 
     store = PrefixStore(budget_bytes=entry(10).nbytes * 3)
     store.share(entry(10))
