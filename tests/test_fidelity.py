@@ -80,8 +80,9 @@ async def test_five_turn_episode_is_token_exact(smol_engine, smol_tokenizer, tem
     before = smol_engine.stats
     spy, chat, traj, messages, contexts = await _episode(smol_engine, codec, temperature, max_tokens)
     assert traj.num_turns == 5
-    # Turns 2-5 reused the episode's kept prefix (the checks below run with reuse on).
-    assert smol_engine.stats.prefix_hits - before.prefix_hits == 4
+    # Turns 2-5 reused the episode's kept prefix (the checks below run with reuse on); turn 1 may
+    # reuse the engine's shared prompt start too, if an earlier request left the same system prompt.
+    assert smol_engine.stats.prefix_hits - before.prefix_hits in (4, 5)
 
     # Every mask-1 token is exactly what the engine returned, in order.
     model_spans = [s for s in traj.spans if s.kind == "model"]
@@ -179,7 +180,8 @@ async def test_reused_and_fresh_rows_in_one_batch_keep_teacher_forced_logprobs(s
         smol_engine.generate(other, sampling, "fid-fresh"),
     )
     after = smol_engine.stats
-    assert after.prefix_hits - before.prefix_hits == 1
+    # The reused row took its history; the fresh one at most the engine's shared prompt start.
+    assert after.prefix_hits - before.prefix_hits in (1, 2)
     assert after.prefill_batches - before.prefill_batches == 1  # one prefill for both rows
     assert _teacher_forced_gap(smol_engine, second, reused) < 1e-3
     assert _teacher_forced_gap(smol_engine, other, fresh) < 1e-3

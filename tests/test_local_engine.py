@@ -384,23 +384,25 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
 
 
 def test_prefix_store_shared_entry_is_copied_not_taken_and_evicted_last():
-    from uniagent.models.kv import PrefixStore
+    from uniagent.models.kv import MIN_SHARED, PrefixStore
 
-    store = PrefixStore(budget_bytes=entry(10).nbytes * 3)
-    store.share(entry(10))
-    prompt = list(range(20))
-    assert store.match("new", prompt) == 10
+    n = MIN_SHARED + 8
+    store = PrefixStore(budget_bytes=entry(n).nbytes * 3)
+    store.share(entry(n))
+    prompt = list(range(2 * n))
+    assert store.match("new", prompt) == n
+    assert store.match("new", [*range(MIN_SHARED - 1), -1, *range(n)]) == 0  # too short a match to serve
     assert store.take("new", prompt) is store.shared and store.shared is not None  # stays for the next
-    store.put("a", entry(15))  # the request's own, longer entry wins over the shared one
-    assert store.match("a", prompt) == 15 and store.take("a", prompt) is not store.shared
-    store.put("b", entry(10))
-    store.put("c", entry(10))
-    store.put("e", entry(10))  # over budget: "b" (the oldest own entry) goes before the shared one
-    assert store.match("b", [*range(10), 99, 98]) == 10  # only the shared entry serves "b" now
+    store.put("a", entry(n + 5))  # the request's own, longer entry wins over the shared one
+    assert store.match("a", prompt) == n + 5 and store.take("a", prompt) is not store.shared
+    store.put("b", entry(n))
+    store.put("c", entry(n))
+    store.put("e", entry(n))  # over budget: "b" (the oldest own entry) goes before the shared one
+    assert store.match("b", [*range(n), -1, -2]) == n  # only the shared entry serves "b" now
     assert store.shared is not None and len(store) == 2
-    store.put("d", entry(30))  # needs everything: the own entries go first, then the shared one
+    store.put("d", entry(3 * n))  # needs everything: the own entries go first, then the shared one
     assert store.shared is None and store.match("new", prompt) == 0 and len(store) == 1
-    store.share(entry(10))
+    store.share(entry(n))
     store.clear()
     assert store.shared is None and store.nbytes == 0
 

@@ -279,6 +279,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+MIN_SHARED = 32
+"""Common prompt tokens below which sharing a prompt start is not worth it: a separate forward for
+fewer costs more than it saves, and the shared entry serves no shorter match."""
+
+
 class PrefixStore:
     """Per-request-id prefixes under a byte budget, least recently used evicted first, plus one shared
     prefix (see the module docstring).
@@ -303,12 +308,12 @@ class PrefixStore:
         entry = self._entries.get(request_id)
         own = min(common_prefix(entry.ids, prompt_ids), cap) if entry is not None else 0
         shared = min(common_prefix(self.shared.ids, prompt_ids), cap) if self.shared is not None else 0
-        return own, shared
+        return own, shared if shared >= MIN_SHARED else 0
 
     def match(self, request_id: str, prompt_ids: list[int]) -> int:
-        """How many leading prompt tokens can be reused: the entry for `request_id` or the shared one,
-        whichever agrees with the prompt longer (zero when neither does), and the last prompt token is
-        always run, for its logits."""
+        """How many leading prompt tokens can be reused: the entry for `request_id` or the shared one
+        (if it covers `MIN_SHARED` or more), whichever agrees with the prompt longer (zero when neither
+        does), and the last prompt token is always run, for its logits."""
         return max(self._matches(request_id, prompt_ids))
 
     def take(self, request_id: str, prompt_ids: list[int] | None = None) -> Prefix | None:

@@ -33,7 +33,15 @@ import torch
 
 from uniagent.errors import EngineError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
-from uniagent.models.kv import Dims, Prefix, PrefixStore, SlotCache, common_prefix, supports_slots
+from uniagent.models.kv import (
+    MIN_SHARED,
+    Dims,
+    Prefix,
+    PrefixStore,
+    SlotCache,
+    common_prefix,
+    supports_slots,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -42,7 +50,6 @@ log = logging.getLogger(__name__)
 
 _PAD_ID = 0  # any valid id: padded slots are masked out and never read back
 _SPARE = 256  # decode columns reserved past a prefill or merge; the cache grows by chunks after that
-_MIN_SHARED = 32  # common prompt tokens below which a separate shared pass is not worth its forward
 
 
 @dataclass
@@ -259,14 +266,14 @@ class BatchRunner:
         once, give every such request the result as its reused prefix, and keep it as the store's
         shared entry. The keys/values are the same as each row's own up to float noise (as for any
         reused prefix: one pass at batch 1 instead of padded rows)."""
-        fresh = [r for r in requests if r.reused < _MIN_SHARED]
+        fresh = [r for r in requests if r.reused < MIN_SHARED]
         if len(fresh) < 2:
             return
         ids = fresh[0].prompt_ids
         n = len(ids) - 1
         for r in fresh[1:]:
             n = min(n, len(r.prompt_ids) - 1, common_prefix(ids, r.prompt_ids))
-        if n < _MIN_SHARED:
+        if n < MIN_SHARED:
             return
         assert self.dims is not None
         cache = SlotCache(self.dims, 1, n)
