@@ -31,10 +31,11 @@ QUESTIONS = [
 ]
 
 
-def chat_prompt(tokenizer, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
+def chat_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
@@ -305,18 +306,12 @@ SYSTEM = (
 )
 
 
-def system_prompt(tokenizer, text: str) -> list[int]:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-
-
 async def test_fresh_requests_prefilled_together_run_their_common_start_once(smol_engine, smol_tokenizer):
     """A GRPO group's (or every task's) shared prompt start runs once; the rows' numbers are those of
     solo runs; a fresh request that comes later reuses it from the store's shared entry."""
     from uniagent.models.kv import common_prefix
 
-    chosen = [system_prompt(smol_tokenizer, q) for q in QUESTIONS[:4]]
+    chosen = [chat_prompt(smol_tokenizer, q, SYSTEM) for q in QUESTIONS[:4]]
     shared = min(common_prefix(chosen[0], p) for p in chosen[1:])
     assert shared >= 32
     reference = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END], prefix_cache_bytes=0)
@@ -376,7 +371,7 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
     assert store.match("a", list(range(5))) == 4  # the last prompt token always runs
     store.put("c", entry(10))  # over budget: "a" (oldest) goes
     assert store.match("a", list(range(20))) == 0 and len(store) == 2
-    store.take("b")
+    store.take("b", list(range(20)))
     store.put("d", entry(10))
     assert {"c", "d"} == {k for k in ("a", "b", "c", "d") if store.match(k, list(range(20)))}
     store.put("e", entry(30))  # larger than the whole budget: not kept, nothing evicted for it

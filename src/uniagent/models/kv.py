@@ -316,10 +316,10 @@ class PrefixStore:
         does), and the last prompt token is always run, for its logits."""
         return max(self._matches(request_id, prompt_ids))
 
-    def take(self, request_id: str, prompt_ids: list[int] | None = None) -> Prefix | None:
-        """Remove and return the request's own entry (the running request owns it now); with
-        `prompt_ids`, the shared entry instead where it covers more of them (the own one is dropped)."""
-        own, shared = self._matches(request_id, prompt_ids) if prompt_ids is not None else (1, 0)
+    def take(self, request_id: str, prompt_ids: list[int]) -> Prefix | None:
+        """Remove and return the request's own entry (the running request owns it now), or the shared
+        entry where that covers more of `prompt_ids` (the own one is dropped)."""
+        own, shared = self._matches(request_id, prompt_ids)
         entry = self._entries.pop(request_id, None)
         if entry is not None:
             self.nbytes -= entry.nbytes

@@ -209,7 +209,7 @@ class LocalTrainer:
         engine changes the engine was the bottleneck and both cores for the update gained nothing."""
         if self.cfg.trainer.mode == "sync":
             return None
-        return self.cfg.trainer.trainer_threads or max(1, os.cpu_count() or 2)
+        return self.cfg.trainer.trainer_threads or os.cpu_count() or 2
 
     def pick_tasks(self) -> list[Task]:
         n = min(self.cfg.trainer.tasks_per_step, len(self.tasks))
