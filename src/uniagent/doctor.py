@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -136,11 +137,38 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
             unchecked.append(Check(f"engine {name}", None, str(exc)))
             continue
         unchecked.append(Check(f"engine {usage}", None, f"check one with --model {usage.split(' | ')[-1]}"))
-    out[len(specs) : len(specs)] = [*unchecked, _torch()]
+    out[len(specs) : len(specs)] = [*unchecked, *await asyncio.to_thread(cpu_checks)]
     return out
 
 
-def _torch() -> Check:
+def cpu_checks() -> list[Check]:
+    """What was chosen by CPU feature, each found by running it here (`uniagent.cpu`): the CPU's
+    matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed) and the
+    llama-server build variant (smoke-tested when built)."""
+    from uniagent import cpu
+    from uniagent.models.remote import llama_build
+
+    units = " ".join(cpu.matrix_units()) or "none reported"
+    rows = [Check("cpu", True, f"{cpu.model_name()}, {os.cpu_count()} cores; matrix units: {units}")]
+    try:
+        choice = cpu.torch_choice()
+        rows.append(Check("torch kernels", True, choice.describe()))
+    except RuntimeError as exc:
+        rows.append(Check("torch kernels", False, str(exc)[:300], required=True))
     import torch
 
-    return Check("torch", True, f"{torch.__version__}, cuda={'yes' if torch.cuda.is_available() else 'no'}")
+    cuda = "yes" if torch.cuda.is_available() else "no"
+    rows.append(Check("torch", True, f"{torch.__version__}, cuda={cuda}"))
+    chosen = llama_build.choice()
+    if not chosen:
+        rows.append(Check("llama-server build", None, "not built here (`make llama-server`)"))
+    else:
+        fell = "; ".join(f"passed over {k}: {v}" for k, v in chosen.get("passed_over", {}).items())
+        same = chosen.get("cpu") == cpu.cpu_id()
+        detail = f"{chosen.get('variant')} ({chosen.get('about')}): {chosen.get('smoke')}" + (
+            f"; {fell}" if fell else ""
+        )
+        if not same:
+            detail += "; chosen on another CPU, re-tested at first use"
+        rows.append(Check("llama-server build", True, detail))
+    return rows

@@ -10,8 +10,12 @@ value goes through `json` (`-Infinity`, as before); a type orjson refuses goes t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,3 +52,24 @@ def loads(text: str | bytes) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` so a reader sees the old file or the new one, never a part (a
+    temporary file beside it, renamed over it); the parent folder is made when missing."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """`obj` as indented JSON at `path`, atomically (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")

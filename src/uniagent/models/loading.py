@@ -104,6 +104,9 @@ def load_causal_lm(source: ModelSource, device: str = "cpu", dtype: str = "float
     2 CPU cores, a fifth of `make demo`), so the result is kept once as safetensors under
     `dequantized_dir` and later loads read that (well under a second).
     """
+    from uniagent.cpu import apply_torch_choice
+
+    apply_torch_choice()  # a kernel setting that runs on this CPU, before torch runs its first one
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -133,10 +136,9 @@ def dequantized_dir(source: ModelSource, dtype: str) -> Path | None:
         stat = gguf.stat()
     except OSError:
         return None
-    base = os.environ.get("UNIAGENT_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uniagent"
-    )
-    return Path(base) / "dequantized" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}-{dtype}"
+    from uniagent.cpu import cache_root
+
+    return cache_root() / "dequantized" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}-{dtype}"
 
 
 def _keep_dequantized(model: Any, target: Path) -> None:

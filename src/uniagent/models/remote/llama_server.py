@@ -1,10 +1,10 @@
 """Find and launch llama.cpp's `llama-server` on loopback (tests, benchmarks, `uniagent` users
 without a server of their own).
 
-The binary comes from `scripts/build-llama-server.sh` (`make llama-server`): llama.cpp as
-vendored in the pinned `llama-cpp-python` sdist, built once and cached under
+The binary comes from `uniagent.models.remote.llama_build` (`make llama-server`): llama.cpp as
+vendored in the pinned `llama-cpp-python` sdist, built once per CPU, smoke-tested, and cached under
 `${UNIAGENT_CACHE:-${XDG_CACHE_HOME:-~/.cache}/uniagent}/llama-server/<key>/llama-server`, with
-`current` linking to the last key built. `UNIAGENT_LLAMA_SERVER=/path` overrides the cache, and a
+`current` linking to the variant chosen for this CPU. `UNIAGENT_LLAMA_SERVER=/path` overrides the cache, and a
 `llama-server` on PATH is the last resort.
 
 `LlamaServer` serves one GGUF (default: the packaged SmolLM2) with `slots` parallel sequences of
@@ -43,24 +43,28 @@ ENV_BINARY = "UNIAGENT_LLAMA_SERVER"
 BUILD_HINT = "build it with `make llama-server` or set UNIAGENT_LLAMA_SERVER=/path/to/llama-server"
 
 
-def cache_root() -> Path:
-    """Where scripts/build-llama-server.sh keeps its builds (same rule as the script)."""
-    base = os.environ.get("UNIAGENT_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uniagent"
-    )
-    return Path(base) / "llama-server"
-
-
 def find_binary() -> str | None:
     """The llama-server to run: $UNIAGENT_LLAMA_SERVER, else the cached build, else PATH; None if
-    there is none (a set $UNIAGENT_LLAMA_SERVER that is not an executable is an error, not a miss)."""
+    there is none (a set $UNIAGENT_LLAMA_SERVER that is not an executable is an error, not a miss).
+
+    A cached build is only returned once it has generated on this CPU (`llama_build.verified`: run
+    once per CPU and recorded beside the binary), so a cache carried over from another machine
+    cannot hand out a binary that crashes here."""
     explicit = os.environ.get(ENV_BINARY)
     if explicit:
         if not os.access(explicit, os.X_OK):
             raise EngineError(f"{ENV_BINARY}={explicit} is not an executable file; {BUILD_HINT}")
         return explicit
-    cached = cache_root() / "current" / "llama-server"
+    from uniagent.models.remote import llama_build
+
+    cached = llama_build.cache_root() / "current" / "llama-server"
     if os.access(cached, os.X_OK):
+        result = llama_build.verified(cached.resolve())
+        if not result.ok:
+            raise EngineError(
+                f"the cached llama-server {cached.resolve()} does not work on this CPU ({result.detail}); "
+                "`make llama-server` builds one that does"
+            )
         return str(cached)
     return shutil.which("llama-server")
 

@@ -1,0 +1,214 @@
+"""What this CPU can do, found by running it: probe at start, fall back, say what was chosen.
+
+Machines of one kind differ in CPU, and a kernel picked by CPU feature can crash where the feature
+is reported (llama.cpp's AMX kernels segfaulted on an AMX Xeon whose kernel granted AMX state). So
+nothing chosen by CPU feature is trusted until it has run here once:
+
+- `torch_choice()` runs fp32 and bf16 matmuls in a child interpreter with torch's defaults; if the
+  child dies, it retries with oneDNN held below AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`), then
+  with torch's and oneDNN's kernels held to AVX2. The first setting that works is kept, cached per
+  CPU and torch version (`cache_root()/cpu/`), and `apply_torch_choice()` puts its environment in
+  place before torch runs its first kernel (the CLI's start, the engine's model load). A user's own
+  `ONEDNN_MAX_CPU_ISA` / `ATEN_CPU_CAPABILITY` always wins.
+- llama.cpp's server is built and smoke-tested the same way (`uniagent.models.remote.llama_build`).
+
+`uniagent doctor` shows the CPU's matrix units and both choices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from uniagent.jsonio import write_json_atomic
+
+# The instruction sets that decide which kernels run (shown by doctor; part of the CPU's id).
+MATRIX_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
+                "amx_int8", "amx_fp16")  # fmt: skip
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def cache_root() -> Path:
+    """`$UNIAGENT_CACHE`, else `$XDG_CACHE_HOME/uniagent` (default `~/.cache/uniagent`)."""
+    base = os.environ.get("UNIAGENT_CACHE")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uniagent"
+
+
+def flags() -> list[str]:
+    """The CPU's feature flags as the kernel reports them (first CPU), or [] off Linux."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_id() -> str:
+    """A short id of this CPU model and its flags: builds and probes are keyed by it, so a cached
+    result from another CPU is never taken for this one's."""
+    text = "\n".join([platform.machine(), model_name(), " ".join(flags())])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def matrix_units() -> list[str]:
+    have = set(flags())
+    return [f for f in MATRIX_FLAGS if f in have]
+
+
+def signal_text(returncode: int | None) -> str:
+    """'killed by SIGSEGV' for a negative return code, 'exit status N' otherwise."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+# Tried in order; the first whose child runs both matmuls is chosen.
+TORCH_SETTINGS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("default", {}),
+    ("no-amx", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+    ("avx2", {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}),
+)
+_PROBE = """
+import time, torch
+torch.set_num_threads(1)
+out = {"capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    a, b = torch.randn(256, 512, dtype=dt), torch.randn(512, 256, dtype=dt)
+    (a @ b).sum().item()
+    t0 = time.perf_counter(); n = 0
+    while time.perf_counter() - t0 < 0.05:
+        (a @ b).sum().item(); n += 1
+    out[name + "_gflops"] = round(2 * 256 * 512 * 256 * n / (time.perf_counter() - t0) / 1e9, 1)
+print("PROBE", __import__("json").dumps(out))
+"""
+
+
+@dataclass
+class TorchChoice:
+    """What the torch probe chose: the setting's name and environment, what it measured, and what
+    failed before it (`tried`: setting -> why)."""
+
+    setting: str
+    env: dict[str, str]
+    capability: str = ""
+    fp32_gflops: float = 0.0
+    bf16_gflops: float = 0.0
+    tried: dict[str, str] = field(default_factory=dict)
+    cpu: str = ""
+    torch: str = ""
+
+    def describe(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in self.env.items()) or "torch defaults"
+        fell = "; ".join(f"{k}: {v}" for k, v in self.tried.items())
+        return (
+            f"{self.setting} ({env}), kernels {self.capability}, 1 thread fp32 {self.fp32_gflops:g} / bf16 "
+            f"{self.bf16_gflops:g} GFLOP/s" + (f"; fell back after {fell}" if fell else "")
+        )
+
+
+def _run_probe(env: dict[str, str], timeout: float = 120.0) -> tuple[dict | None, str]:
+    child_env = {k: v for k, v in os.environ.items() if k not in ISA_ENV}
+    child_env.update(env)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE], env=child_env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"no answer in {timeout:.0f} s"
+    for line in proc.stdout.splitlines():
+        if line.startswith("PROBE ") and proc.returncode == 0:
+            return json.loads(line[6:]), ""
+    tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    return None, f"{signal_text(proc.returncode)}" + (f": {tail}" if tail else "")
+
+
+def probe_torch(settings: tuple[tuple[str, dict[str, str]], ...] = TORCH_SETTINGS) -> TorchChoice:
+    """Try each setting in a child interpreter (a crash there cannot take this process down)."""
+    tried: dict[str, str] = {}
+    for name, env in settings:
+        found, why = _run_probe(env)
+        if found is not None:
+            return TorchChoice(
+                name,
+                dict(env),
+                found["capability"],
+                found["fp32_gflops"],
+                found["bf16_gflops"],
+                tried,
+                cpu_id(),
+                found["torch"],
+            )
+        tried[name] = why
+    raise RuntimeError(f"torch cannot run a matmul on this CPU with any setting: {tried}")
+
+
+def _choice_path() -> Path:
+    import importlib.metadata as md
+
+    try:
+        version = md.version("torch")
+    except md.PackageNotFoundError:
+        version = "none"
+    return cache_root() / "cpu" / f"torch-{cpu_id()}-{version}.json"
+
+
+def torch_choice(refresh: bool = False) -> TorchChoice:
+    """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none."""
+    path = _choice_path()
+    if not refresh:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return TorchChoice(**json.loads(path.read_text()))
+    t0 = time.perf_counter()
+    choice = probe_torch()
+    data = asdict(choice) | {"probed_s": round(time.perf_counter() - t0, 2)}
+    with contextlib.suppress(OSError):
+        write_json_atomic(path, {k: v for k, v in data.items() if k in TorchChoice.__dataclass_fields__})
+    return choice
+
+
+_applied: TorchChoice | None = None
+
+
+def apply_torch_choice() -> TorchChoice | None:
+    """Put the chosen setting's environment in place (once per process; a variable the user set is
+    kept). Call before torch runs its first kernel. `UNIAGENT_CPU_PROBE=0` skips the probe."""
+    global _applied
+    if _applied is not None or os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
+        return _applied
+    try:
+        choice = torch_choice()
+    except RuntimeError:
+        return None
+    for key, value in choice.env.items():
+        os.environ.setdefault(key, value)
+    _applied = choice
+    return choice
