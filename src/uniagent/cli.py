@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -128,10 +129,14 @@ def verify(
     gold: bool = typer.Option(False, "--gold", help="grade the rows' own gold patches"),
     concurrency: int = typer.Option(4, min=1, help="sandboxes at once"),
     sandbox: str = typer.Option("local", help="sandbox type for rows without an image"),
+    set_: list[str] = typer.Option(
+        [], "--set", help="sandbox setting, e.g. sandbox.runtime=podman (with --sandbox container)"
+    ),
 ) -> None:
     """Grade predictions in sandboxes and write DIR/report.json."""
     from rich.progress import Progress
 
+    from uniagent.runner.config import set_dotted
     from uniagent.tasks import load_tasks
     from uniagent.tasks.swe import SweTask
     from uniagent.tasks.verify import load_predictions
@@ -143,12 +148,18 @@ def verify(
     swe = [t for t in loaded if isinstance(t, SweTask)]
     if not swe:
         raise UniAgentError(f"{tasks} has no SWE-style tasks to verify")
+    settings: dict[str, Any] = {"sandbox": {"type": sandbox}}
+    for item in set_:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.startswith("sandbox."):
+            raise UniAgentError(f"--set {item}: verify takes sandbox.KEY=VALUE")
+        set_dotted(settings, key, raw)
     preds = load_predictions(predictions) if predictions is not None else None
     total = len(preds) if preds is not None else len(swe)
     with Progress(console=console, transient=True) as bar:
         job = bar.add_task("grading", total=total)
         report = asyncio.run(
-            run_verify(swe, preds, output, concurrency, {"type": sandbox}, lambda r: bar.advance(job))
+            run_verify(swe, preds, output, concurrency, settings["sandbox"], lambda r: bar.advance(job))
         )
     table = Table(title=f"verify: {tasks}")
     for key in ("submitted_instances", "resolved_instances", "unresolved_instances", "error_instances"):

@@ -3,12 +3,18 @@
 A cgroup is what makes memory and process-count limits hold for a whole process tree (an
 rlimit is per process, and RLIMIT_NPROC counts the host user's processes, not the
 sandbox's). Where no cgroup can be created the caller falls back to rlimits and logs it.
+
+v2 (a unified tree at ROOT) differs in what it takes: a group's memory.max / pids.max /
+cpu.max exist only for the controllers its parent enables in `cgroup.subtree_control`
+(none by default), and a controller bound to a v1 hierarchy on a hybrid machine is not
+offered to v2 at all. Both are found out and reported per controller (`why`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -19,6 +25,43 @@ from uniagent.sandbox.procs import owner_of, pid_alive
 
 log = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
+
+
+def is_v2() -> bool:
+    """A unified (v2-only) tree at ROOT; a hybrid machine mounts its v2 tree elsewhere
+    (/sys/fs/cgroup/unified) and keeps the controllers in v1, so it counts as v1."""
+    return (ROOT / "cgroup.controllers").exists()
+
+
+def enable_controllers(base: Path, wanted: list[str]) -> dict[str, str]:
+    """v2: enable `wanted` controllers for the children of `base`; returns why each one that
+    cannot be is missing. Idempotent (a `+memory` already there is a no-op), so sandboxes
+    made at once on several threads may all call it."""
+    try:
+        offered = set((base / "cgroup.controllers").read_text().split())
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+    except OSError as exc:
+        return {c: f"cannot read {base}: {exc.strerror or exc}" for c in wanted}
+    why: dict[str, str] = {}
+    for ctrl in wanted:
+        if ctrl in enabled:
+            continue
+        if ctrl not in offered:
+            why[ctrl] = (
+                f"the {ctrl} controller is not offered in {base} (bound to a cgroup v1 hierarchy, "
+                "or not delegated to this cgroup)"
+            )
+            continue
+        try:
+            (base / "cgroup.subtree_control").write_text(f"+{ctrl}")
+        except OSError as exc:
+            why[ctrl] = f"enabling +{ctrl} in {base}/cgroup.subtree_control failed: {exc.strerror or exc}"
+            if exc.errno == errno.EBUSY:  # the "no internal processes" rule of v2
+                why[ctrl] += (
+                    " (that cgroup holds processes; run uniagent in a cgroup of its own, e.g. "
+                    "`systemd-run --scope -p Delegate=yes`)"
+                )
+    return why
 
 
 def _own_path(controller: str) -> str:
@@ -113,8 +156,7 @@ def reap_orphans() -> list[Path]:
     """Remove the empty sandbox cgroups whose owner process is gone. A cgroup that still holds a
     process cannot be removed (rmdir fails) and is left alone; so are those of live owners."""
     removed: list[Path] = []
-    v2 = (ROOT / "cgroup.controllers").exists()
-    for ctrl in ("",) if v2 else ("memory", "pids", "cpu"):
+    for ctrl in ("",) if is_v2() else ("memory", "pids", "cpu"):
         try:  # a shared cpu group's per-sandbox children first: a group with children stays
             found = [*_base(ctrl).glob("uniagent-*/uniagent-*"), *_base(ctrl).glob("uniagent-*")]
         except OSError:
@@ -152,7 +194,8 @@ class SandboxCgroup:
         self.shared: list[Path] = []  # joined, never killed or removed per sandbox
         self.applied: list[str] = []
         self.missing: list[str] = []
-        if (ROOT / "cgroup.controllers").exists():
+        self.why: dict[str, str] = {}  # per missing controller, where known
+        if is_v2():
             self._setup_v2(memory_mb, pids, cpus)
         else:
             self._setup_v1(memory_mb, pids, cpus)
@@ -195,16 +238,36 @@ class SandboxCgroup:
             (self.applied if ok else self.missing).append(ctrl)
 
     def _setup_v2(self, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
-        d = self._mk(_base(""))
-        for ctrl, fname, value in (
-            ("memory", "memory.max", None if memory_mb is None else str(int(memory_mb) << 20)),
-            ("pids", "pids.max", None if pids is None else str(int(pids))),
-            ("cpu", "cpu.max", None if cpus is None else f"{int(float(cpus) * 100_000)} 100000"),
-        ):
-            if value is None:
+        wants: dict[str, list[tuple[str, str]] | None] = {
+            # no swap beyond the limit, as v1's memsw limit equal to the memory limit
+            "memory": None if memory_mb is None else [("memory.max", str(int(memory_mb) << 20))],
+            "pids": None if pids is None else [("pids.max", str(int(pids)))],
+            "cpu": None if cpus is None else [("cpu.max", f"{int(float(cpus) * 100_000)} 100000")],
+        }
+        base = _base("")
+        self.why = enable_controllers(base, [c for c, v in wants.items() if v is not None])
+        d = self._mk(base)
+        for ctrl, files in wants.items():
+            if files is None:
                 continue
-            ok = d is not None and self._write(d / fname, value)
+            ok = d is not None and ctrl not in self.why and all(self._write(d / f, v) for f, v in files)
+            if ok and d is not None and ctrl == "memory" and (d / "memory.swap.max").exists():
+                self._write(d / "memory.swap.max", "0")
+            if not ok and ctrl not in self.why:
+                self.why[ctrl] = f"cannot make {base / self.name} or write its {files[0][0]}"
             (self.applied if ok else self.missing).append(ctrl)
+
+    def oom_kills(self) -> int:
+        """How many of the sandbox's processes the kernel killed for its memory limit (v2
+        memory.events, v1 memory.oom_control: their `oom_kill` line); 0 where unreadable."""
+        for d in self.dirs:
+            for fname in ("memory.events", "memory.oom_control"):
+                with contextlib.suppress(OSError, ValueError):
+                    for line in (d / fname).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            return int(value)
+        return 0
 
     @property
     def procs_files(self) -> list[str]:
@@ -221,6 +284,9 @@ class SandboxCgroup:
         """SIGKILL until empty: forks racing the kill are caught by the next sweep."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            for d in self.dirs:  # v2 (5.14+): the kernel kills the whole group at once, forks too
+                if (d / "cgroup.kill").exists():
+                    self._write(d / "cgroup.kill", "1")
             pids = self.pids()
             if not pids:
                 return

@@ -120,7 +120,8 @@ class LocalSandbox(PipeShellSandbox):
             _warn_once(
                 "cgroup",
                 f"cgroups for {', '.join(self._cgroup.missing)} are not available here; memory falls back "
-                "to RLIMIT_AS and the process limit is not enforced",
+                "to RLIMIT_AS and the process limit is not enforced"
+                + "".join(f"; {why}" for why in self._cgroup.why.values()),
             )
         prefix, preexec = launcher(lim, self._cgroup)
         self._proc = await procs.spawn(
