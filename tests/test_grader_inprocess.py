@@ -4,8 +4,10 @@ it. Each one rewrites pytest's results, forges its output, or leaves early; the 
 pytest plugin (`uniagent.tasks.witness`) must see it and refuse the run, or grade it from what
 really happened. Every patch is graded by `uniagent verify`'s entry point in real sandboxes.
 
-`report-patch` and `forged-lines-then-exit` are the two cheats that were graded resolved on
-every task before the plugin; `imperative-xfail` was too (swebench counts XFAIL as passing).
+`report-patch` and `forged-lines-then-exit` are the two cheats of issue 25 that were graded
+resolved before the plugin; so were `forged-lines-then-pytest-exit`, `callinfo-drops-the-exception`,
+`pluggy-hookexec`, `register-a-plugin` and `imperative-xfail` (swebench counts XFAIL as passing).
+The cheats aimed at the plugin itself (its channel, records, registration) fail at import there.
 """
 
 from __future__ import annotations
@@ -138,6 +140,11 @@ CHEATS: dict[str, str] = {
     "patch-sys-exit-and-os-exit": "_sys.exit = lambda *a: _os._exit(0)\n_os._exit = lambda *a: None\n",
     "skip-at-import": "import pytest\npytest.skip('not today', allow_module_level=True)\n",
 }
+# The evidence named for the two cheats of the issue.
+EVIDENCE = {
+    "report-patch": "the report was rewritten",
+    "forged-lines-then-exit": "no session-finished record",
+}
 # Graded unresolved from what really ran, with nothing to refuse (the tests ran, and failed).
 PLAIN = {"skip-at-import"}
 
@@ -164,3 +171,4 @@ def test_in_process_cheat_scores_zero(report: dict[str, Any], name: str) -> None
     else:
         assert res["status"] == "error" and res["error"].startswith("patch refused: "), res
         assert res["details"]["refused"], res
+        assert EVIDENCE.get(name, "") in res["details"]["refused"], res["details"]["refused"]
