@@ -22,10 +22,13 @@ of three kinds, each handled by the rule that keeps legitimate work gradable:
   (Running the tests with `python -P` would also stop it, but it would take the workspace off
   `sys.path`, and the package under test of a repository that is not installed with it.)
 
-What a patch can still do in principle is tamper from the code under test itself: a module
-the tests import can monkeypatch `_pytest` when it is imported. No static rule can tell that
-from a fix; what limits it is that the graded tests come from the task (the test patch is
-applied after the agent's), and that an expected test missing from the log counts as failed.
+What a patch can still do is tamper from the code under test itself: a module the tests
+import can monkeypatch `_pytest` when it is imported, print PASSED lines or leave early. No
+static rule can tell that from a fix; `uniagent.tasks.witness` catches it at run time for pytest
+runs (the grader's own plugin and records; its docstring says what stays possible in principle
+and which rows are still graded from their log alone). Beyond that, the graded tests come from
+the task (the test patch is applied after the agent's), and an expected test with no result
+counts as failed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import image_config
-from uniagent.tasks import guard, repo, workspace
+from uniagent.tasks import guard, repo, witness, workspace
 from uniagent.tasks.base import SYSTEM_PROMPT, Task
 from uniagent.tasks.loading import json_list
 from uniagent.tools.submit import workspace_patch
@@ -183,8 +183,8 @@ class SweTask(Task):
         refused = await self.guard_tree(sandbox, dropped)
         if refused:
             return self.refuse(refused, dropped, patch)
-        log = await self._run_tests(sandbox)
-        return self._grade(log, dropped, patch)
+        log, evidence = await self._run_tests(sandbox)
+        return self._grade(log, dropped, patch, evidence, sandbox.workdir)
 
     async def guard_tree(
         self, sandbox: Sandbox, dropped: list[str], exclude: tuple[str, ...] = ()
@@ -213,7 +213,8 @@ class SweTask(Task):
         }
         return Reward(0.0, False, details)
 
-    async def _run_tests(self, sandbox: Sandbox) -> str:
+    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Witness | None]:
+        """The test log, and the grader's own records where the tests run with pytest."""
         from swebench.harness.constants import (
             END_TEST_OUTPUT,
             START_TEST_OUTPUT,
@@ -230,18 +231,40 @@ class SweTask(Task):
                 res.output + f"\n{TEST_EXIT_CODE}: {res.exit_code}\n"
                 if TEST_EXIT_CODE not in res.output
                 else res.output
-            )
+            ), None
         ok, out = await repo.apply_patch(sandbox, self.test_patch, "tests")
         if not ok:
             raise SandboxError(f"the task's own test patch does not apply: {out.strip()[-800:]}")
-        res = await sandbox.exec(
-            self.test_cmd or "", timeout=1800, cwd=sandbox.workdir, session="_verify", max_output=LOG_LIMIT
+        cmd = self.test_cmd or ""
+        w = (
+            await witness.install(sandbox)
+            if witness.applies(cmd, self.eval_script, self.log_parser)
+            else None
         )
+        res = await sandbox.exec(
+            witness.wrap(cmd, w) if w else cmd,
+            timeout=1800,
+            cwd=sandbox.workdir,
+            session="_verify",
+            max_output=LOG_LIMIT,
+        )
+        if w is not None:  # a run cut off by its timeout is graded as one, not as tampering
+            w = await witness.collect(sandbox, w, res.exit_code)
         if res.timed_out:
-            return f"{START_TEST_OUTPUT}\n{res.output}\n{TESTS_TIMEOUT}\n"
-        return f"{START_TEST_OUTPUT}\n{res.output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {res.exit_code}\n"
+            return f"{START_TEST_OUTPUT}\n{res.output}\n{TESTS_TIMEOUT}\n", None
+        log = f"{START_TEST_OUTPUT}\n{res.output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {res.exit_code}\n"
+        return log, w
 
-    def _grade(self, log: str, dropped: list[str], patch: str) -> Reward:
+    def _grade(
+        self,
+        log: str,
+        dropped: list[str],
+        patch: str,
+        evidence: witness.Witness | None = None,
+        workdir: str = "",
+    ) -> Reward:
+        """Grade the log with swebench's parser, or, with the grader's pytest records
+        (`evidence`), from the records, cross-checked against the log (`uniagent.tasks.witness`)."""
         from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
         from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
         from swebench.types import TestSpec
@@ -270,6 +293,41 @@ class SweTask(Task):
             "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
             "log_tail": log[-4000:],
         }
+        if evidence is not None:
+            protected = set(patch_files(self.test_patch))
+
+            def is_test_file(path: str) -> bool:
+                rel = posixpath.relpath(path, workdir) if workdir else path
+                return not rel.startswith("..") and is_test_path(rel, protected)
+
+            from swebench.harness.log_parsers import PARSER_REGISTRY
+
+            # Every passing status line the log holds, read line by line (the parser keeps a
+            # test's last line only, and swebench drops a log its exit status contradicts):
+            # each must match a passing record.
+            parse = PARSER_REGISTRY[self.log_parser]
+            claimed = {
+                t: st
+                for line in log.splitlines()
+                if "PASSED" in line or "XFAIL" in line
+                for t, st in parse(line, spec).items()
+                if st in witness.PASSING
+            }
+
+            def key_of(nodeid: str) -> str:
+                return next(iter(parse(f"PASSED {nodeid}", spec)), nodeid)
+
+            try:
+                status_map = witness.check(evidence, claimed, is_test_file, key_of)
+            except witness.Refused as exc:
+                details.update(refused=str(exc), resolution=ResolvedStatus.NO.value)
+                return Reward(0.0, False, details)
+            ran = bool(status_map)
+            details.update(
+                tests_ran=ran,
+                graded_from="the grader's pytest plugin",
+                missing_tests=[t for t in [*self.fail_to_pass, *self.pass_to_pass] if t not in status_map],
+            )
         if not ran:
             details["resolution"] = ResolvedStatus.NO.value
             return Reward(0.0, False, details)

@@ -31,6 +31,7 @@ from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.sandbox.base import Sandbox
+from uniagent.tasks import witness
 from uniagent.tasks.swe import SweTask, split_patch
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class SweRebenchTask(SweTask):
         self.is_v2 = v2
         self.prelude = "\n".join(prelude)
 
-    async def _run_tests(self, sandbox: Sandbox) -> str:
+    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Witness | None]:
         if self.prelude:
             res = await sandbox.exec(
                 self.prelude, timeout=1800, cwd=sandbox.workdir, session="_verify", max_output=20_000

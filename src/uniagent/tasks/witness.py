@@ -1,0 +1,248 @@
+"""Grade a pytest run from the grader's own records, not from what the run printed.
+
+A module the tests import runs inside the test process, so it can rewrite pytest's reports,
+print PASSED lines, or leave with status 0 before a test runs: a grader that trusts the log
+pays all of that as a fix. For a row whose tests run with pytest (a `test_cmd` naming pytest,
+graded with one of swebench's pytest log parsers), the grader copies `witness_plugin` into a
+private directory under /tmp (outside the workspace, random names, a key file the plugin
+reads and deletes at import) and has pytest load it. The run is graded from its records, and
+refused (`details.refused`, reward 0; `uniagent verify` lists it under `error_ids`) when:
+
+- no records, a broken HMAC chain, a foreign nonce, or a session without its finished record
+  (the process left early, the records were deleted or rewritten, the plugin was removed);
+- pytest's or pluggy's internals, the hook callers, their implementations (new ones may come
+  only from conftest.py), import hooks or trace functions changed during the session;
+- a report says more than the call's own exception does (a failed call reported passed), a
+  report was logged that no `pytest_runtest_makereport` made, or the same test and phase was
+  recorded twice with different outcomes;
+- the terminal reporter's counts or the exit status disagree with the records;
+- the log reports a test PASSED or XFAIL that the records did not see pass (forged lines, at
+  import, from a thread, at exit), or `pytest.xfail()` was called from outside the tests.
+
+The status map built from the records has swebench's test ids (pytest's cwd-relative node ids,
+as `-rA` prints them), so FAIL_TO_PASS / PASS_TO_PASS are graded by swebench's own functions.
+
+What stays possible in principle: code in the test process can do anything the plugin can. It
+could read the key from the plugin's memory (or the open records file from /proc) and write a
+perfect record set, patch the plugin's checks before they run, or make a test's call return
+without raising by editing the test's code object while leaving pytest untouched. These take a
+cheat aimed at this grader specifically; a test that runs in a separate process is the only full
+answer. Rows graded by their log alone, with no records: `eval_script` rows, non-pytest parsers
+(django, sympy, ...), commands that set PYTHONPATH / PYTEST_PLUGINS themselves, and xdist
+runs. Their log can still be forged by printed status lines, and only the rule that an expected
+test missing from the log counts as failed holds there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uniagent.errors import SandboxError
+from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.procs import quote
+
+PYTEST_PARSERS = {"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"}
+_PYTEST = re.compile(r"\bpytest\b")
+_OPTS_OUT = re.compile(r"\b(PYTHONPATH|PYTEST_PLUGINS)\b|\s-n\s*\S|--numprocesses|\bxdist\b")
+_PLUGIN_SOURCE = Path(__file__).with_name("witness_plugin.py")
+PASSING = ("PASSED", "XFAIL")
+
+
+@dataclass
+class Witness:
+    """One run's private directory, module name, key and nonce."""
+
+    directory: str
+    module: str
+    key: str
+    nonce: str
+    records: bytes = b""
+    exit_code: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def applies(test_cmd: str | None, eval_script: str | None, log_parser: str) -> bool:
+    return bool(
+        test_cmd
+        and not eval_script
+        and log_parser in PYTEST_PARSERS
+        and _PYTEST.search(test_cmd)
+        and not _OPTS_OUT.search(test_cmd)
+    )
+
+
+async def install(sandbox: Sandbox) -> Witness:
+    token = secrets.token_hex(8)
+    w = Witness(
+        f"/tmp/.uniagent_w_{token}",
+        f"_uniagent_witness_{token}",
+        secrets.token_hex(32),
+        secrets.token_hex(16),
+    )
+    await sandbox.write_file(f"{w.directory}/{w.module}.py", _PLUGIN_SOURCE.read_text())
+    await sandbox.write_file(f"{w.directory}/key", f"{w.key} {w.nonce}\n")
+    return w
+
+
+def wrap(command: str, w: Witness) -> str:
+    """`command` with the plugin on pytest's list and its directory (only) added to the path."""
+    d = quote(w.directory)
+    return (
+        f"( export PYTHONPATH={d}${{PYTHONPATH:+:$PYTHONPATH}} "
+        f"PYTEST_PLUGINS={w.module}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}\n{command}\n)"
+    )
+
+
+async def collect(sandbox: Sandbox, w: Witness, exit_code: int | None) -> Witness:
+    try:
+        w.records = await sandbox.read_file(f"{w.directory}/records")
+    except (OSError, SandboxError):  # no records file: judged by `check`
+        w.records = b""
+    await sandbox.exec(f"rm -rf {quote(w.directory)}", session="_setup")
+    w.exit_code = exit_code
+    return w
+
+
+class Refused(Exception):
+    """The run's evidence does not hold; the message names it."""
+
+
+def _records(w: Witness) -> list[dict[str, Any]]:
+    out, prev = [], ""
+    for n, line in enumerate(w.records.decode("utf-8", "replace").splitlines(), 1):
+        try:
+            wrapped = json.loads(line)
+            body, mac = wrapped["r"], wrapped["mac"]
+        except (ValueError, KeyError, TypeError):
+            raise Refused(f"the grader's test records were altered (line {n} is not a record)") from None
+        want = hmac.new(w.key.encode(), (prev + body).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, str(mac)):
+            raise Refused(f"the grader's test records were altered or forged (line {n} fails its HMAC)")
+        prev = mac
+        out.append(json.loads(body))
+    return out
+
+
+def _category(r: dict[str, Any]) -> str:
+    """The terminal reporter's category for a record's report (as `pytest_report_teststatus`)."""
+    rep, when = r["report"], r["when"]
+    if rep == "passed":
+        return ("xpassed" if r["wasxfail"] else "passed") if when == "call" else ""
+    if rep == "failed":
+        return "failed" if when == "call" else "error"
+    return "xfailed" if r["wasxfail"] else "skipped"
+
+
+def _status(r: dict[str, Any]) -> str | None:
+    """The swebench status one phase's own evidence gives (None: a phase that passed quietly)."""
+    raw, when = r["raw"], r["when"]
+    if when != "call":
+        return {"failed": "ERROR", "skipped": "SKIPPED"}.get(raw)
+    if raw == "passed":
+        return "FAILED" if r["report"] == "failed" else ("XPASS" if r["wasxfail"] else "PASSED")
+    if raw == "failed":
+        return "XFAIL" if r["wasxfail"] and r["report"] == "skipped" else "FAILED"
+    return {"xfailed": "XFAIL", "skipped": "SKIPPED"}[raw]
+
+
+_FAVOUR = {"failed": 0, "skipped": 1, "xfailed": 2, "passed": 3}
+
+
+def _check_test(r: dict[str, Any], is_test_file: Callable[[str], bool]) -> None:
+    nodeid, raw, rep = r["nodeid"], r["raw"], r["report"]
+    said = "xfailed" if r["wasxfail"] and rep == "skipped" else rep
+    if said == "xfailed" and raw == "failed":
+        return  # an xfail-marked test that failed
+    if _FAVOUR.get(said, 0) > _FAVOUR[raw] and not (said == "passed" and r["wasxfail"]):
+        raise Refused(
+            f"{nodeid} ({r['when']}): its report says {rep}, but the call raised {r['exc'] or 'nothing'}"
+            f" ({raw}): the report was rewritten"
+        )
+    where = r.get("raised_in")
+    if raw == "xfailed" and where and not is_test_file(where):
+        raise Refused(f"{nodeid}: pytest.xfail() was called from {where}, outside the tests")
+
+
+def check(
+    w: Witness, log_map: dict[str, str], is_test_file: Callable[[str], bool], key_of: Callable[[str], str]
+) -> dict[str, str]:
+    """The status map the records give, or Refused naming the evidence that does not hold.
+    `key_of` turns a node id into the log parser's key for it (a parser that splits on spaces
+    keeps `test_x[a` of `test_x[a b]`, and the task's test lists are written that way)."""
+    records = _records(w)
+    if not records:
+        if any(s in PASSING for s in log_map.values()):
+            raise Refused("the log reports passing tests, but the grader's pytest plugin recorded no session")
+        return {}
+    status: dict[str, str] = {}
+    call_passed: set[str] = set()  # a passing call, whatever its teardown did (-rA prints PASSED)
+    seen: dict[tuple[str, str], str] = {}
+    session: dict[str, Any] | None = None
+    tests: list[dict[str, Any]] = []
+    for r in records:
+        kind = r.get("kind")
+        if kind == "start":
+            if session is not None:
+                raise Refused("a pytest session started inside another one before it finished")
+            if r.get("nonce") != w.nonce:
+                raise Refused("a session-start record carries a foreign nonce")
+            session, tests = r, []
+        elif session is None:
+            raise Refused(f"a {kind} record outside any pytest session")
+        elif kind == "test":
+            key = (r["nodeid"], r["when"])
+            if key in seen and seen[key] != r["raw"]:
+                raise Refused(f"{r['nodeid']} ({r['when']}) was recorded twice with different outcomes")
+            seen[key] = r["raw"]
+            _check_test(r, is_test_file)
+            tests.append(r)
+        elif kind == "unmade":
+            raise Refused(f"a report for {r['nodeid']} ({r['report']}) was logged that pytest never made")
+        elif kind == "finish":
+            _check_finish(r, w.nonce, tests)
+            for t in tests:
+                s = _status(t)
+                key = key_of(t["nodeid"])
+                if t["when"] == "call" and s in PASSING:
+                    call_passed.add(key)
+                if s and not (s == "PASSED" and status.get(key) in ("ERROR", "FAILED")):
+                    status[key] = s
+            session = None
+    if session is not None:
+        raise Refused(
+            "the test process ended before pytest finished its session (no session-finished record)"
+        )
+    status = {k: v for k, v in status.items() if v != "XPASS"}  # as the log parser: no XPASS status
+    for test, said in log_map.items():
+        if said in PASSING and test not in call_passed:
+            saw = status.get(test, "no such test")
+            raise Refused(f"the log reports {test} {said}, but the grader's plugin saw {saw}")
+    return status
+
+
+def _check_finish(r: dict[str, Any], nonce: str, tests: list[dict[str, Any]]) -> None:
+    if r.get("nonce") != nonce:
+        raise Refused("the session-finished record carries a foreign nonce")
+    if r["changed"]:
+        raise Refused("pytest's internals changed during the run: " + ", ".join(r["changed"][:8]))
+    counts: dict[str, int] = {}
+    for t in tests:
+        counts[_category(t)] = counts.get(_category(t), 0) + 1
+    for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        if r["stats"] is not None and r["stats"].get(key, 0) != counts.get(key, 0):
+            raise Refused(
+                f"pytest's summary counts {r['stats'].get(key, 0)} {key}, the records {counts.get(key, 0)}"
+            )
+    bad = sum(1 for t in tests if t["raw"] == "failed" and not t["wasxfail"])
+    if r["exitstatus"] == 0 and bad:
+        raise Refused(f"pytest's exit status is 0, but {bad} test phases failed")
+    if r["exitstatus"] == 1 and not bad and not any(t["report"] == "failed" for t in tests):
+        raise Refused("pytest's exit status says tests failed, but no test phase failed")
