@@ -56,6 +56,28 @@ def swebench_row(**over) -> dict:
     return row
 
 
+def swebench_repo_row(tmp_path: Path, instance_id: str | None = None) -> dict:
+    """An R2E-Gym SWE-bench row on a local repository (textkit): its run_tests.sh is SWE-bench's
+    eval script shape (applies the test patch, marks the test output, runs pytest)."""
+    rebench = load_rows(FIXTURES / "swe_rebench_rows.jsonl")[0]
+    repo = tmp_path / "textkit"
+    if not repo.exists():
+        shutil.copytree(FIXTURES / "swe_rebench" / "textkit", repo)
+        (repo / "run_tests.sh").write_text(
+            "set -uxo pipefail\n"
+            f"git apply -v - <<'EOF_114329324912'\n{rebench['test_patch']}\nEOF_114329324912\n"
+            ": '>>>>> Start Test Output'\n"
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -rA -p no:cacheprovider tests/test_slug.py\n"
+            ": '>>>>> End Test Output'\n"
+        )
+    return {
+        **{k: rebench[k] for k in ("instance_id", "repo", "problem_statement", "patch", "test_patch")},
+        **{k: rebench[k] for k in ("FAIL_TO_PASS", "PASS_TO_PASS")},
+        "repo_dir": str(repo),
+        **({"instance_id": instance_id} if instance_id else {}),
+    }
+
+
 # -- field mapping -------------------------------------------------------------------------
 def test_every_fixture_row_is_detected_as_r2e_gym(rows: list[dict]) -> None:
     assert [detect_family(r) for r in rows] == ["r2e_gym"] * 3
@@ -211,7 +233,8 @@ async def test_hidden_tests_decide_and_cannot_be_faked(tasks: list[R2EGymTask], 
 @needs_bwrap
 async def test_a_run_that_fails_silently_is_no_pass(tasks: list[R2EGymTask], tmp_path: Path) -> None:
     """Code that prints a summary of its own and makes the run fail is not a pass (here written
-    past pytest's output capture, to the pipe the log is read from)."""
+    past pytest's output capture, to the pipe the log is read from): the grader's plugin saw the
+    session end early."""
     task = tasks[1]
     repo = task.repo_path()
     assert repo is not None
@@ -233,7 +256,9 @@ async def test_a_run_that_fails_silently_is_no_pass(tasks: list[R2EGymTask], tmp
         gold = await task.grade_patch(sb, task.gold_patch)
         assert gold.value == 1.0, gold.details["log_tail"]
         faked = await task.grade_patch(sb, loud)
-    assert faked.value == 0.0 and faked.details["exit_code"] == 1 and "rejected" in faked.details
+    assert gold.details["witness"] == "used" and "refused" not in gold.details
+    assert faked.value == 0.0 and faked.details["exit_code"] == 1 and faked.details["witness"] == "used"
+    assert "no session-finished record" in faked.details["refused"], faked.details
 
 
 @needs_bwrap
@@ -241,20 +266,7 @@ async def test_swebench_style_rows_are_graded_with_the_swebench_report(tmp_path:
     """R2E-Gym's SWE-bench rows: run_tests.sh is SWE-bench's eval script (it applies the test
     patch and marks the test output), graded against FAIL_TO_PASS / PASS_TO_PASS."""
     rebench = load_rows(FIXTURES / "swe_rebench_rows.jsonl")[0]
-    repo = tmp_path / "textkit"
-    shutil.copytree(FIXTURES / "swe_rebench" / "textkit", repo)
-    (repo / "run_tests.sh").write_text(
-        "set -uxo pipefail\n"
-        f"git apply -v - <<'EOF_114329324912'\n{rebench['test_patch']}\nEOF_114329324912\n"
-        ": '>>>>> Start Test Output'\n"
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -rA -p no:cacheprovider tests/test_slug.py\n"
-        ": '>>>>> End Test Output'\n"
-    )
-    row = {
-        **{k: rebench[k] for k in ("instance_id", "repo", "problem_statement", "patch", "test_patch")},
-        **{k: rebench[k] for k in ("FAIL_TO_PASS", "PASS_TO_PASS")},
-        "repo_dir": str(repo),
-    }
+    row = swebench_repo_row(tmp_path)
     task = R2EGymTask(row)
     assert task.mode == "swebench" and task.log_parser == "parse_log_pytest"
     async with sandboxes.create(task.sandbox_config(None)) as sb:
@@ -262,6 +274,8 @@ async def test_swebench_style_rows_are_graded_with_the_swebench_report(tmp_path:
         assert (await sb.exec("test -e run_tests.sh", session="t")).exit_code == 1, "hidden"
         gold = await task.grade_patch(sb, task.gold_patch)
         assert gold.value == 1.0 and gold.details["resolution"] == "RESOLVED_FULL", gold.details["log_tail"]
+        assert gold.details["witness"] == "used", "run_tests.sh runs pytest once: the plugin sees it"
+        assert gold.details["graded_from"] == "the grader's pytest plugin"
         empty = await task.grade_patch(sb, "")
     assert empty.value == 0.0
     assert empty.details["report"]["FAIL_TO_PASS"]["failure"] == json.loads(rebench["FAIL_TO_PASS"])

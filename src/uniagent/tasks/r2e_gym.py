@@ -29,19 +29,23 @@ it runs in the local sandbox.
 
 from __future__ import annotations
 
+import io
 import json
 import posixpath
 import re
 import secrets
+import tarfile
 from typing import Any
 
 from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.procs import quote
-from uniagent.tasks import repo
+from uniagent.sandbox.shell import ExecResult
+from uniagent.tasks import repo, witness
 from uniagent.tasks.loading import json_list
-from uniagent.tasks.swe import LOG_LIMIT, PatchApplyError, SweTask, split_patch, strip_test_changes
+from uniagent.tasks.r2e_commit import commit_patch
+from uniagent.tasks.swe import PatchApplyError, SweTask, split_patch, strip_test_changes
 from uniagent.tools.submit import workspace_patch
 
 WORKDIR = "/testbed"
@@ -81,25 +85,32 @@ SWEBENCH_REPO_PARSERS = {
 
 
 # -- R2E-Gym's log format ----------------------------------------------------------------
-def parse_r2e_log(log: str) -> dict[str, str]:
-    """Test statuses from pytest's short summary, keyed the way R2E-Gym keys them.
-
-    Only the text after the first "short test summary info" (up to a second one) counts. A line
-    is PASSED, FAILED or ERROR by the first of those words it contains; the key is the node id
-    without its file (`r2e_tests/test_1.py::TestA::test_b` -> `TestA.test_b`), and for failures
-    and errors without pytest's " - reason" tail.
-    """
+def summary_statuses(log: str) -> list[tuple[str, str]]:
+    """(key, status) of each status line of pytest's short summary, in order, as R2E-Gym reads
+    them: only the text after the first "short test summary info" (up to a second one) counts; a
+    line is PASSED, FAILED or ERROR by the first of those words it contains; the key is the node
+    id without its file (`r2e_tests/test_1.py::TestA::test_b` -> `TestA.test_b`), and for
+    failures and errors without pytest's " - reason" tail."""
     _, found, rest = log.partition(SUMMARY)
     if not found:
-        return {}
-    statuses: dict[str, str] = {}
+        return []
+    out = []
     for line in rest.split(SUMMARY, 1)[0].strip().split("\n"):
         status = next((s for s in ("PASSED", "FAILED", "ERROR") if s in line), None)
-        if status is None:
-            continue
-        name = ".".join(line.split("::")[1:])
-        statuses[name if status == "PASSED" else name.split(" - ")[0]] = status
-    return statuses
+        if status is not None:
+            name = r2e_key(line)
+            out.append((name if status == "PASSED" else name.split(" - ")[0], status))
+    return out
+
+
+def r2e_key(nodeid: str) -> str:
+    return ".".join(nodeid.split("::")[1:])
+
+
+def parse_r2e_log(log: str) -> dict[str, str]:
+    """Test statuses from pytest's short summary, keyed the way R2E-Gym keys them (a test's
+    last line decides)."""
+    return dict(summary_statuses(log))
 
 
 def _normalized(statuses: dict[str, str]) -> dict[str, str]:
@@ -120,59 +131,6 @@ def compare_r2e(parsed: dict[str, str], expected: dict[str, str]) -> tuple[bool,
         },
     }
     return match, diff
-
-
-# -- R2E-Gym's ParsedCommit (parsed_commit_content) --------------------------------------
-def is_r2e_test_file(path: str) -> bool:
-    """R2E-Gym's notion of a test file in a commit (FileDiff.is_test_file)."""
-    parts = path.split("/")
-    return (
-        path.endswith("_test.py")
-        or parts[-1].startswith("test_")
-        or any(p in ("tests", "Tests", "test", "Test") for p in parts)
-    )
-
-
-def _range(r: dict[str, Any]) -> str:
-    return str(r["start"]) if r.get("length") is None else f"{r['start']},{r['length']}"
-
-
-_LINE_PREFIX = {"context": " ", "added": "+", "deleted": "-", "note": "\\ "}
-
-
-def render_file_diff(fd: dict[str, Any]) -> str:
-    """One FileDiff of a ParsedCommit back to `git diff` text."""
-    path = fd["header"]["file"]["path"]
-    out = [f"diff --git a/{path} b/{path}\n"]
-    if fd["header"].get("misc_line"):
-        out.append(fd["header"]["misc_line"] + "\n")
-    idx = fd.get("index_line")
-    if idx:
-        mode = f" {idx['mode']}" if idx.get("mode") else ""
-        out.append(f"index {idx['old_commit_hash']}..{idx['new_commit_hash']}{mode}\n")
-    if fd.get("is_binary_file"):
-        out.append(f"{fd.get('binary_line') or ''}\n")
-    if fd.get("minus_file") and fd.get("plus_file"):
-        out.append(f"--- {fd['minus_file']['path']}\n+++ {fd['plus_file']['path']}\n")
-    for hunk in fd.get("hunks") or []:
-        d = hunk["descriptor"]
-        head = f"@@ -{_range(d['old_range'])} +{_range(d['new_range'])} @@"
-        out.append(f"{head} {d['section']}\n" if d.get("section") else head + "\n")
-        for line in hunk["line_group"]["all_lines"]:
-            out.append(_LINE_PREFIX[line["type"]] + line["content"] + "\n")
-    return "".join(out)
-
-
-def commit_patch(commit: dict[str, Any], *, tests: bool, sources: bool, only_python: bool = True) -> str:
-    """The commit's diff restricted as R2E-Gym's ParsedCommit.get_patch restricts it."""
-    chunks = []
-    for fd in commit.get("file_diffs") or []:
-        path = fd["header"]["file"]["path"]
-        if only_python and not path.endswith(".py"):
-            continue
-        if tests if is_r2e_test_file(path) else sources:
-            chunks.append(render_file_diff(fd))
-    return "".join(chunks)
 
 
 def _json_obj(value: Any, field: str) -> dict[str, Any]:
@@ -242,6 +200,7 @@ class R2EGymTask(SweTask):
         self.hidden_tests_dir = str(row.get("r2e_tests_dir") or HIDDEN_TESTS)
         self.test_timeout_s = float(row.get("test_timeout_s") or TEST_TIMEOUT_S)
         self._hidden: bytes | None = None
+        self._run_tests_text = ""  # what run_tests.sh runs: whether the witness can see it
 
     # -- where the verifier's files are in a fresh sandbox ---------------------------------
     def _hidden_sources(self, sandbox: Sandbox) -> tuple[str, str | None]:
@@ -279,6 +238,9 @@ class R2EGymTask(SweTask):
         await repo.run_checked(sandbox, "\n".join(lines), "taking out the hidden tests")
         self._hidden = await sandbox.read_file(f"{stage}.tgz")
         await sandbox.exec(f"rm -f {s}.tgz", session="_setup")
+        with tarfile.open(fileobj=io.BytesIO(self._hidden), mode="r:gz") as tar:
+            fh = tar.extractfile("./run_tests.sh")
+            self._run_tests_text = fh.read().decode("utf-8", "replace") if fh else ""
 
     async def setup(self, sandbox: Sandbox) -> None:
         src = self.repo_path()
@@ -339,12 +301,12 @@ class R2EGymTask(SweTask):
         refused = await self.guard_tree(sandbox, dropped, ENV_PATHS)
         if refused:
             return self.refuse(refused, dropped, patch)
-        log, exit_code, timed_out = await self._run_hidden_tests(sandbox)
+        log, res, evidence = await self._run_hidden_tests(sandbox)
         if self.mode == "swebench":
-            return self._grade(log, dropped, patch)
-        return self._grade_r2e(log, exit_code, timed_out, dropped, patch)
+            return self._grade(log, dropped, patch, evidence, sandbox.workdir)
+        return self._grade_r2e(log, res.exit_code, res.timed_out, dropped, patch, evidence, sandbox.workdir)
 
-    async def _run_hidden_tests(self, sandbox: Sandbox) -> tuple[str, int | None, bool]:
+    async def _run_hidden_tests(self, sandbox: Sandbox) -> tuple[str, ExecResult, witness.Evidence]:
         assert self._hidden is not None
         stage = f"/tmp/.uniagent_r2e_{secrets.token_hex(6)}"
         s = quote(stage)
@@ -361,19 +323,30 @@ class R2EGymTask(SweTask):
             ),
             "putting the hidden tests back",
         )
-        res = await sandbox.exec(
+        res, evidence = await witness.run(
+            sandbox,
             f"bash {s}/run_tests.sh",
+            self.log_parser,
+            text=self._run_tests_text,
             timeout=self.test_timeout_s,
-            cwd=sandbox.workdir,
-            session="_verify",
-            max_output=LOG_LIMIT,
         )
-        return _ANSI_CR.sub("", res.output), res.exit_code, res.timed_out
+        return _ANSI_CR.sub("", res.output), res, evidence
 
     def _grade_r2e(
-        self, log: str, exit_code: int | None, timed_out: bool, dropped: list[str], patch: str
+        self,
+        log: str,
+        exit_code: int | None,
+        timed_out: bool,
+        dropped: list[str],
+        patch: str,
+        evidence: witness.Evidence = "",
+        workdir: str = WORKDIR,
     ) -> Reward:
+        """R2E-Gym's verdict on the log; with the grader's records, only once every PASSED line of
+        the summary is a test whose call the records saw pass, and the records hold."""
         from swebench.harness.constants import ResolvedStatus
+
+        refused = self._witness_refusal(log, evidence, workdir)
 
         parsed = {} if timed_out else parse_r2e_log(log)
         match, diff = compare_r2e(parsed, self.expected)
@@ -390,11 +363,27 @@ class R2EGymTask(SweTask):
             "ignored_test_changes": dropped,
             "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
             "log_tail": log[-4000:],
+            "witness": witness.label(evidence),
             "resolution": (ResolvedStatus.FULL if resolved else ResolvedStatus.NO).value,
         }
+        if refused:
+            details.update(refused=refused, resolution=ResolvedStatus.NO.value)
+            return Reward(0.0, False, details)
         if inconsistent:
             details["rejected"] = "the tests exited non-zero but the summary reports no failure"
         return Reward(1.0 if resolved else 0.0, resolved, details)
+
+    def _witness_refusal(self, log: str, evidence: witness.Evidence, workdir: str) -> str | None:
+        if not isinstance(evidence, witness.Witness):
+            return None
+        claimed = {k: st for k, st in summary_statuses(log) if st == "PASSED"}
+        is_test = self.is_test_file(workdir)
+        hidden = posixpath.join(workdir, HIDDEN_TESTS) + "/"
+        try:
+            witness.check(evidence, claimed, lambda p: p.startswith(hidden) or is_test(p), r2e_key)
+        except witness.Refused as exc:
+            return str(exc)
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "image": self.row.get("image"), "grading": self.mode}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import posixpath
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ from uniagent.sandbox.config import image_config
 from uniagent.tasks import guard, repo, witness, workspace
 from uniagent.tasks.base import SYSTEM_PROMPT, Task
 from uniagent.tasks.loading import json_list
+from uniagent.tasks.witness import LOG_LIMIT
 from uniagent.tools.submit import workspace_patch
 
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.M)
-LOG_LIMIT = 4_000_000
 
 USER_PROMPT = """<issue>
 {problem}
@@ -210,11 +211,13 @@ class SweTask(Task):
             "ignored_test_changes": dropped,
             "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
             "resolution": ResolvedStatus.NO.value,
+            "witness": witness.label("the tests did not run (the patch was refused)"),
         }
         return Reward(0.0, False, details)
 
-    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Witness | None]:
-        """The test log, and the grader's own records where the tests run with pytest."""
+    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Evidence]:
+        """The test log, and the grader's own records where the tests run with pytest (or
+        why there are none: `witness.label`)."""
         from swebench.harness.constants import (
             END_TEST_OUTPUT,
             START_TEST_OUTPUT,
@@ -231,42 +234,42 @@ class SweTask(Task):
                 res.output + f"\n{TEST_EXIT_CODE}: {res.exit_code}\n"
                 if TEST_EXIT_CODE not in res.output
                 else res.output
-            ), None
+            ), witness.not_used(self.test_cmd, self.eval_script, self.log_parser) or ""
         ok, out = await repo.apply_patch(sandbox, self.test_patch, "tests")
         if not ok:
             raise SandboxError(f"the task's own test patch does not apply: {out.strip()[-800:]}")
         cmd = self.test_cmd or ""
-        w = (
-            await witness.install(sandbox)
-            if witness.applies(cmd, self.eval_script, self.log_parser)
-            else None
-        )
-        res = await sandbox.exec(
-            witness.wrap(cmd, w) if w else cmd,
-            timeout=1800,
-            cwd=sandbox.workdir,
-            session="_verify",
-            max_output=LOG_LIMIT,
-        )
-        if w is not None:  # a run cut off by its timeout is graded as one, not as tampering
-            w = await witness.collect(sandbox, w, res.exit_code)
+        res, evidence = await witness.run(sandbox, cmd, self.log_parser, timeout=1800)
         if res.timed_out:
-            return f"{START_TEST_OUTPUT}\n{res.output}\n{TESTS_TIMEOUT}\n", None
+            return f"{START_TEST_OUTPUT}\n{res.output}\n{TESTS_TIMEOUT}\n", evidence
         log = f"{START_TEST_OUTPUT}\n{res.output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {res.exit_code}\n"
-        return log, w
+        return log, evidence
+
+    def is_test_file(self, workdir: str) -> Callable[[str], bool]:
+        """Whether an absolute path in the sandbox is one of the task's test files (where a
+        `pytest.xfail()` may come from)."""
+        protected = set(patch_files(self.test_patch))
+
+        def rule(path: str) -> bool:
+            rel = posixpath.relpath(path, workdir) if workdir else path
+            return not rel.startswith("..") and is_test_path(rel, protected)
+
+        return rule
 
     def _grade(
         self,
         log: str,
         dropped: list[str],
         patch: str,
-        evidence: witness.Witness | None = None,
+        evidence: witness.Evidence = "",
         workdir: str = "",
     ) -> Reward:
         """Grade the log with swebench's parser, or, with the grader's pytest records
-        (`evidence`), from the records, cross-checked against the log (`uniagent.tasks.witness`)."""
+        (`evidence`), from the records, cross-checked against the log (`uniagent.tasks.witness`).
+        `details.witness` says which."""
         from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
         from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
+        from swebench.harness.log_parsers import PARSER_REGISTRY
         from swebench.types import TestSpec
 
         spec = TestSpec(
@@ -292,16 +295,9 @@ class SweTask(Task):
             "ignored_test_changes": dropped,
             "patch_bytes": len(patch.encode("utf-8", errors="surrogateescape")),
             "log_tail": log[-4000:],
+            "witness": witness.label(evidence),
         }
-        if evidence is not None:
-            protected = set(patch_files(self.test_patch))
-
-            def is_test_file(path: str) -> bool:
-                rel = posixpath.relpath(path, workdir) if workdir else path
-                return not rel.startswith("..") and is_test_path(rel, protected)
-
-            from swebench.harness.log_parsers import PARSER_REGISTRY
-
+        if isinstance(evidence, witness.Witness):
             # Every passing status line the log holds, read line by line (the parser keeps a
             # test's last line only, and swebench drops a log its exit status contradicts):
             # each must match a passing record.
@@ -318,7 +314,7 @@ class SweTask(Task):
                 return next(iter(parse(f"PASSED {nodeid}", spec)), nodeid)
 
             try:
-                status_map = witness.check(evidence, claimed, is_test_file, key_of)
+                status_map = witness.check(evidence, claimed, self.is_test_file(workdir), key_of)
             except witness.Refused as exc:
                 details.update(refused=str(exc), resolution=ResolvedStatus.NO.value)
                 return Reward(0.0, False, details)

@@ -176,7 +176,7 @@ class SweRebenchTask(SweTask):
         self.is_v2 = v2
         self.prelude = "\n".join(prelude)
 
-    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Witness | None]:
+    async def _run_tests(self, sandbox: Sandbox) -> tuple[str, witness.Evidence]:
         if self.prelude:
             res = await sandbox.exec(
                 self.prelude, timeout=1800, cwd=sandbox.workdir, session="_verify", max_output=20_000

@@ -48,12 +48,18 @@ from typing import Any
 from uniagent.errors import SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.procs import quote
+from uniagent.sandbox.shell import ExecResult
 
-PYTEST_PARSERS = {"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"}
+LOG_LIMIT = 4_000_000  # what a test run's log keeps
+
+PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 _PYTEST = re.compile(r"\bpytest\b")
 _OPTS_OUT = re.compile(r"\b(PYTHONPATH|PYTEST_PLUGINS)\b|\s-n\s*\S|--numprocesses|\bxdist\b")
+_RUNNERS_OUT = re.compile(r"\b(tox|nox)\b")  # they run pytest in an environment of their own
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _PLUGIN_SOURCE = Path(__file__).with_name("witness_plugin.py")
 PASSING = ("PASSED", "XFAIL")
+USED = "used"
 
 
 @dataclass
@@ -69,14 +75,88 @@ class Witness:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# A run's evidence: the grader's records, or why the run has none (graded from its log alone).
+Evidence = Witness | str
+
+
+def label(evidence: Evidence) -> str:
+    """`details.witness`: "used", or "not used: <why>"."""
+    return USED if isinstance(evidence, Witness) else f"not used: {evidence or 'no pytest run'}"
+
+
+def is_pytest_parser(log_parser: str) -> bool:
+    """One of swebench's pytest parsers, under its own name or a repository's alias of it
+    (`parse_log_flask` is `parse_log_pytest`)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    fn = PARSER_REGISTRY.get(log_parser)
+    return fn is not None and any(fn is PARSER_REGISTRY.get(n) for n in PYTEST_PARSERS)
+
+
+def command_lines(script: str) -> list[str]:
+    """The lines of a shell script that run something: no comments, no `: '...'` markers, no
+    here-document bodies (SWE-bench's eval script carries the test patch in one)."""
+    out, end = [], None
+    for line in script.splitlines():
+        if end is not None:
+            end = None if line.strip() == end else end
+            continue
+        code = line.strip()
+        if not code or code.startswith(("#", ": ")):
+            continue
+        out.append(code)
+        m = _HEREDOC.search(code)
+        end = m.group(2) if m else None
+    return out
+
+
+def not_used(test_cmd: str | None, eval_script: str | None, log_parser: str) -> str | None:
+    """Why the grader's plugin cannot witness a run of `test_cmd` (a command line or a script's
+    text), or None when it can: pytest runs once, in this process tree, with the environment the
+    plugin is loaded through, and its log is read by a swebench pytest parser."""
+    if eval_script:
+        return "eval_script row (SWE-bench's eval script runs as written; graded from its log)"
+    if not is_pytest_parser(log_parser):
+        return f"the {log_parser} log parser is not pytest's (graded from its log)"
+    lines = [ln for ln in command_lines(test_cmd or "") if _PYTEST.search(ln)]
+    if not lines:
+        return "the test command does not run pytest (graded from its log)"
+    if len(lines) > 1:
+        return "the test command runs pytest more than once (graded from its log)"
+    if _OPTS_OUT.search(lines[0]) or _RUNNERS_OUT.search(lines[0]):
+        return "the test command sets PYTHONPATH / PYTEST_PLUGINS, or runs pytest through xdist or tox"
+    return None
+
+
 def applies(test_cmd: str | None, eval_script: str | None, log_parser: str) -> bool:
-    return bool(
-        test_cmd
-        and not eval_script
-        and log_parser in PYTEST_PARSERS
-        and _PYTEST.search(test_cmd)
-        and not _OPTS_OUT.search(test_cmd)
+    return not_used(test_cmd, eval_script, log_parser) is None
+
+
+async def run(
+    sandbox: Sandbox,
+    command: str,
+    log_parser: str,
+    *,
+    text: str | None = None,
+    timeout: float,
+) -> tuple[ExecResult, Evidence]:
+    """Run the tests (`command`; `text` is what it runs, when that is a script), with the
+    plugin where `not_used` allows it. A run cut off by its timeout is graded as a timeout, not
+    as tampering: its evidence is the reason."""
+    why = not_used(command if text is None else text, None, log_parser)
+    w = None if why else await install(sandbox)
+    res = await sandbox.exec(
+        wrap(command, w) if w else command,
+        timeout=timeout,
+        cwd=sandbox.workdir,
+        session="_verify",
+        max_output=LOG_LIMIT,
     )
+    if w is not None:
+        w = await collect(sandbox, w, res.exit_code)
+    if res.timed_out:
+        return res, "the test run timed out (graded as a timeout)"
+    return res, w if w is not None else str(why)
 
 
 async def install(sandbox: Sandbox) -> Witness:
