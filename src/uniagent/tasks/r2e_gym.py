@@ -15,11 +15,14 @@ against the base commit (without test files, `conftest.py` & co, or anything und
 `r2e_tests/`), the repository is reset and the patch re-applied, the hidden tests and
 `run_tests.sh` are put back from the copy taken at setup, and R2E-Gym's parser and comparison
 decide. A run that exits non-zero while reporting no failing test does not count as a pass
-(an agent's code can print summary lines of its own).
+(an agent's code can print summary lines of its own). Where run_tests.sh runs pytest once (its
+text decides: `witness.not_used`), the grader's pytest plugin watches the run: R2E-Gym's verdict
+stands only when its records hold and back every PASSED line (`uniagent.tasks.witness`).
 
 Rows whose image is a SWE-bench image ("swebench" in its name: R2E-Gym/SWE-Bench-Verified) are
 graded as R2E-Gym grades them: `/run_tests.sh` (the SWE-bench eval script) is run and its log
-graded with the swebench parser for the repository against FAIL_TO_PASS / PASS_TO_PASS.
+graded with the swebench parser for the repository against FAIL_TO_PASS / PASS_TO_PASS (from
+the plugin's records where the script runs pytest once and the parser is pytest's).
 
 A row may name a local `repo_dir` instead of an image: a directory holding the repository,
 `run_tests.sh`, and the hidden tests in the directory the row's `r2e_tests_dir` names

@@ -2,9 +2,10 @@
 
 A module the tests import runs inside the test process, so it can rewrite pytest's reports,
 print PASSED lines, or leave with status 0 before a test runs: a grader that trusts the log
-pays all of that as a fix. For a row whose tests run with pytest (a `test_cmd` naming pytest,
-graded with one of swebench's pytest log parsers), the grader copies `witness_plugin` into a
-private directory under /tmp (outside the workspace, random names, a key file the plugin
+pays all of that as a fix. Where the tests run with pytest (`not_used` says when: one pytest
+command, no tox/nox, xdist, PYTHONPATH or PYTEST_PLUGINS of its own, a log read by one of
+swebench's pytest parsers or a repository's alias of one), the grader copies `witness_plugin`
+into a private directory under /tmp (outside the workspace, random names, a key file the plugin
 reads and deletes at import) and has pytest load it. The run is graded from its records, and
 refused (`details.refused`, reward 0; `uniagent verify` lists it under `error_ids`) when:
 
@@ -19,18 +20,37 @@ refused (`details.refused`, reward 0; `uniagent verify` lists it under `error_id
 - the log reports a test PASSED or XFAIL that the records did not see pass (forged lines, at
   import, from a thread, at exit), or `pytest.xfail()` was called from outside the tests.
 
+Which rows: a SWE row's `test_cmd`; an R2E-Gym row's `run_tests.sh` (its text, read from the
+verifier captured at setup, here-documents skipped), in both of its modes. Every graded run's
+`details.witness` says "used" or "not used: <why>" (`label`), and `uniagent verify` carries it
+in each instance's details, so which rows are graded from the log alone is visible per row.
+
 The status map built from the records has swebench's test ids (pytest's cwd-relative node ids,
 as `-rA` prints them), so FAIL_TO_PASS / PASS_TO_PASS are graded by swebench's own functions.
+An R2E-Gym row (its own summary parser and comparison) keeps R2E-Gym's verdict on the log, given
+only when the records hold and every PASSED line of the summary is a test whose call the records
+saw pass (keyed as R2E-Gym keys tests, without the file).
 
-What stays possible in principle: code in the test process can do anything the plugin can. It
-could read the key from the plugin's memory (or the open records file from /proc) and write a
-perfect record set, patch the plugin's checks before they run, or make a test's call return
-without raising by editing the test's code object while leaving pytest untouched. These take a
-cheat aimed at this grader specifically; a test that runs in a separate process is the only full
-answer. Rows graded by their log alone, with no records: `eval_script` rows, non-pytest parsers
-(django, sympy, ...), commands that set PYTHONPATH / PYTEST_PLUGINS themselves, and xdist
-runs. Their log can still be forged by printed status lines, and only the rule that an expected
-test missing from the log counts as failed holds there.
+What can still fool the log-only path (no records: `eval_script` rows; the django, sympy,
+matplotlib and seaborn parsers and every other non-pytest one (other languages' suites);
+tox/nox, xdist or a command that sets PYTHONPATH / PYTEST_PLUGINS; a script that runs pytest
+twice; R2E-Gym rows whose run_tests.sh is such a script): a status line the code under test
+prints to the pipe the log is read from (at import, from a thread, at exit; the parser keeps a
+test's last line, so a forged line after the real one wins); leaving early with status 0 after
+printing them; rewriting the runner's own results in-process (pytest's reports, django's or
+unittest's TestResult), which then prints real-looking lines. What holds there: only the task's
+expected tests count, an expected test the log does not report counts as failed, `guard`'s
+static rules, and for R2E-Gym rows that a run exiting non-zero with no failing test is no pass.
+
+What stays possible in principle with the records: code in the test process can do anything the
+plugin can. It could read the key from the plugin's memory (or the open records file from /proc)
+and write a perfect record set, patch the plugin's checks before they run, or make a test's call
+return without raising by editing the test's code object while leaving pytest untouched. These
+take a cheat aimed at this grader specifically; a test that runs in a separate process is the
+only full answer. On R2E-Gym rows, FAILED / ERROR summary lines are not checked against the
+records (forging one could only turn a passing test into an expected failure), and two tests of
+the same name in different files share R2E-Gym's key, so a PASSED line for one is backed by the
+other passing.
 """
 
 from __future__ import annotations
