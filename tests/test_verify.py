@@ -34,6 +34,8 @@ def test_gold_resolves_everything_and_empty_nothing(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gold" / "report.json").read_text())
     assert report["resolved_ids"] == sorted(t.instance_id for t in tasks)
     assert report["error_ids"] == [] and report["unresolved_ids"] == []
+    witnessed = {i: r["details"]["witness"] for i, r in report["instances"].items()}
+    assert witnessed == {t.instance_id: "used" for t in tasks}, "the CLI's report says how each was graded"
 
     preds = tmp_path / "preds.jsonl"
     rows = [{"instance_id": t.instance_id, "model_name_or_path": "empty", "model_patch": ""} for t in tasks]
