@@ -3,9 +3,10 @@
 The runner, the Ray backend, the verl loop and the local trainer all run an episode the same way
 (`uniagent.tasks.episode.run_episode`): the shared sandbox set-up (sandbox up, task setup, tool
 scripts; always stopped), then `await agent.run(episode)` with the set-up `Episode`, then the
-sandbox down. What differs between agents is only `run`: the ReAct loop (`react`), a black-box
-harness talking to a gateway session (`mini-swe-agent`), or any agent added through the registry
-(agent/registry.py).
+task's final state taken from the sandbox, the sandbox down, and grading (`uniagent.tasks.grading`,
+by default in a fresh sandbox): an agent never grades its own episode. What differs between agents
+is only `run`: the ReAct loop (`react`), a black-box harness talking to a gateway session
+(`mini-swe-agent`), or any agent added through the registry (agent/registry.py).
 
 An agent may need resources that outlive one episode (a harness's gateway serves every episode of
 a run): `start(engine, codec)` builds them before the first episode, `close()` releases them after
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.result import EpisodeResult, Reward
+from uniagent.agent.result import EpisodeResult
 from uniagent.models.base import ChatModel, TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tokens import ChatCodec
@@ -37,8 +38,6 @@ class TaskView(Protocol):
     row: dict[str, Any]
 
     def messages(self) -> list[dict[str, Any]]: ...
-
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward: ...
 
 
 @dataclass
@@ -60,8 +59,8 @@ class Agent(Protocol):
     """Runs one episode of a task in a set-up sandbox with a model.
 
     `run` never raises for an episode-level failure: every way out is one `ExitReason` in the
-    returned `EpisodeResult`, whose reward is the task's verifier's verdict (run inside the sandbox
-    before it is torn down) for a trainable exit. One agent object serves many episodes at once."""
+    returned `EpisodeResult`. The reward is not the agent's to give: `run_episode` grades a
+    trainable exit after `run` returns. One agent object serves many episodes at once."""
 
     name: str
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.tools.base import DEFAULT_COMMAND_TIMEOUT_S
@@ -71,7 +73,22 @@ class AgentConfig(BaseModel):
     )
     max_format_errors: int = Field(3, ge=1, description="consecutive unusable turns before format_errors")
     observation_max_chars: int = Field(12_000, ge=200, description="observations are clipped to this")
-    verifier_timeout_s: float = Field(900.0, gt=0)
+    verifier_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="how long grading may take: computing the final state in the agent's sandbox, and "
+        "the verifier's run (a fresh grading sandbox's start and set-up are bounded by the sandbox's own "
+        "start_timeout_s); past it the episode ends verifier_error (untrainable)",
+    )
+    grade_in: Literal["fresh", "same"] = Field(
+        "fresh",
+        description="where a patch-graded task (swe, swe_rebench, r2e_gym) is graded: `fresh` (default) "
+        "takes the agent's patch out of its sandbox, stops that sandbox, and grades the patch in a new "
+        "sandbox of the task set up as for an episode, so nothing the agent left behind (a background "
+        "process, files outside the workspace, its shell's state) reaches the tests; `same` grades in "
+        "the agent's own sandbox (cheaper, and what uniagent did before). Answer-graded tasks (search, "
+        "lookup) need no sandbox either way; see uniagent.tasks.grading",
+    )
     context: ContextConfig = Field(default_factory=ContextConfig)
 
     @model_validator(mode="after")

@@ -27,4 +27,5 @@ class ReactAgent:
 
     async def run(self, episode: Episode) -> EpisodeResult:
         loop = AgentInteraction(episode.model, episode.tools, episode.config)
-        return await loop.run(episode.task.messages(), episode.sandbox, verifier=episode.task.score)
+        # Not graded here: `run_episode` grades every agent's episode (uniagent.tasks.grading).
+        return await loop.run(episode.task.messages(), episode.sandbox)

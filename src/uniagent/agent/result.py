@@ -2,9 +2,17 @@
 
 Exactly one `ExitReason` per episode. Its `trainable` flag is the line between "the policy
 did this" (finished, ran out of turns or context, could not follow the format, spent its
-timeout budget: all legitimate training signal, reward included) and "the infrastructure
-failed" (sandbox died, endpoint failed, verifier crashed, cancelled, a bug of ours): those
-episodes carry no reward and must never be trained on as if they scored zero.
+timeout budget, broke its own sandbox or destroyed its own workspace: all legitimate training
+signal, reward included) and "the infrastructure failed" (a sandbox that died of something outside
+the agent's reach, endpoint failed, verifier crashed, cancelled, a bug of ours): those episodes
+carry no reward and must never be trained on as if they scored zero.
+
+Why the agent's own wreckage is trainable: were `kill -9 -1`, a fork bomb or `rm -rf .git`
+masked like a crashed backend, a failing policy could make its failure vanish from the loss by
+wrecking its environment, and RL would never learn not to. `uniagent.tasks.grading` tells the two
+apart from evidence the sandbox gives (`Sandbox.breakage`: its cgroup's OOM kills and pids-limit
+hits, its init ended from inside rather than killed from the host) and from the workspace's
+repository (its base commit gone).
 """
 
 from __future__ import annotations
@@ -27,6 +35,12 @@ class ExitReason(StrEnum):
     VERIFIER_ERROR = "verifier_error"
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
+    SANDBOX_BROKEN = "sandbox_broken"
+    """The agent's own commands broke its sandbox: killed its processes (`kill -9 -1`), exhausted
+    its own memory or pids limit (an OOM kill, a fork bomb). Reward 0, trained on."""
+    WORKSPACE_DESTROYED = "workspace_destroyed"
+    """The agent destroyed what grading needs: its repository or git metadata (`rm -rf .git`),
+    so its patch cannot be computed. Reward 0, trained on."""
 
     @property
     def trainable(self) -> bool:
@@ -45,6 +59,8 @@ _TRAINABLE = frozenset(
         ExitReason.CONTEXT_LIMIT,
         ExitReason.FORMAT_ERRORS,
         ExitReason.TIMEOUT_BUDGET,
+        ExitReason.SANDBOX_BROKEN,
+        ExitReason.WORKSPACE_DESTROYED,
     }
 )
 

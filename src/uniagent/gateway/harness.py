@@ -1,7 +1,8 @@
 """What every harness agent shares (mini-swe-agent, Claude Code, Codex): a black-box agent talks
 to its own gateway session while it acts in our sandbox; the session's trusted sampling and
-context cap, the task text it is given, the task's verifier inside the sandbox, and the episode's
-token record (every segment of the session) all work the same way whichever harness acts.
+context cap, the task text it is given, and the episode's token record (every segment of the
+session) all work the same way whichever harness acts. Grading is not the harness's: `run_episode`
+grades every agent's episode the same way (`uniagent.tasks.grading`).
 Each harness is its own module: mini_swe_agent.py (in-process), cli_harness.py with claude_code.py
 and codex.py (real CLIs inside the sandbox).
 """
@@ -14,7 +15,6 @@ from typing import Any
 
 from uniagent.agent.base import TaskView
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.loop import verify_episode
 from uniagent.agent.result import EpisodeResult
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import Session, SessionConfig
@@ -77,18 +77,11 @@ async def attach_segments(session: Session, result: EpisodeResult) -> None:
     result.metrics["completion_tokens"] = sum(t.num_model_tokens for t in trajs)
 
 
-async def verify(task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig) -> None:
-    """The task's verifier in the sandbox, with the ReAct loop's failure semantics."""
-    await verify_episode(task.score, sb, result, agent.verifier_timeout_s)
-
-
 async def finish_session(
     session: Session, task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig
 ) -> None:
-    """A harness episode's end: the task's verifier in the sandbox (a trainable exit only), then
-    the session finalized with the reward, unless it was already aborted or closed."""
-    if result.exit_reason.trainable:
-        await verify(task, sb, result, agent)
+    """A harness episode's end: the session finalized, unless it was already aborted or closed.
+    The reward is `run_episode`'s to give, after the agent returns (none here yet)."""
     if session.state == "open":
         session.state = "finalized"
         session.reward = result.reward.value if result.reward else None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent import jsonio
+from uniagent.agent.result import ExitReason
 from uniagent.errors import UniAgentError
 from uniagent.tokens.drift import DriftReport, episode_drift
 from uniagent.tokens.trajectory import version_range
@@ -227,7 +228,7 @@ class RunStore:
 
     def done_pairs(self, include_untrainable_failures: bool = True) -> set[tuple[str, int]]:
         sql = "SELECT instance_id, sample, exit_reason FROM episodes"
-        infra = {"sandbox_dead", "model_error", "verifier_error", "cancelled", "internal_error"}
+        infra = {r.value for r in ExitReason if not r.trainable}
         return {
             (r[0], r[1]) for r in self.conn.execute(sql) if include_untrainable_failures or r[2] not in infra
         }

@@ -137,6 +137,32 @@ class Sandbox(ABC):
     async def _alive(self) -> bool:
         return True
 
+    def limit_events(self) -> dict[str, int]:
+        """Times this sandbox's own limits were hit (`oom_kill`, `pids_max`); {} where the backend
+        cannot tell. Read before `stop` (the counters go with the sandbox)."""
+        return {}
+
+    async def _died_from_inside(self) -> bool:
+        """Whether the sandbox, now dead, ended because of what ran in it (its processes killed
+        from inside) rather than from outside (the backend killed, the host). False where the
+        backend cannot tell: a death nobody can attribute stays an infrastructure failure."""
+        return False
+
+    async def breakage(self) -> str | None:
+        """Why this sandbox is broken, when what ran inside it (the agent's commands) broke it:
+        its own limits exhausted, or its processes killed from inside. None when there is no such
+        evidence, or when we stopped it ourselves (a wall-clock limit, a cancelled run)."""
+        if self._stopped:
+            return None
+        hits = self.limit_events()
+        if hits.get("oom_kill"):
+            return f"its memory limit was exhausted ({hits['oom_kill']} process(es) OOM-killed)"
+        if hits.get("pids_max"):
+            return f"its process limit was exhausted ({hits['pids_max']} fork(s) refused)"
+        if self._started and not await self._alive() and await self._died_from_inside():
+            return "its processes were killed from inside (the sandbox's init was killed)"
+        return None
+
     # -- lifecycle -----------------------------------------------------------------------
     @classmethod
     def set_start_concurrency(cls, n: int | None) -> None:

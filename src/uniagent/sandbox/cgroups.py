@@ -280,6 +280,27 @@ class SandboxCgroup:
                 out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
         return out
 
+    def limit_events(self) -> dict[str, int]:
+        """How often the sandbox's own limits were hit: `oom_kill` (a process of it killed by its
+        memory limit) and `pids_max` (a fork refused at its pids limit), from memory.events (v2) or
+        memory.oom_control (v1), and pids.events. What ran inside caused these, nothing else."""
+        out: dict[str, int] = {}
+        for d in self.dirs:
+            for fname, key, name in (
+                ("memory.events", "oom_kill", "oom_kill"),
+                ("memory.oom_control", "oom_kill", "oom_kill"),
+                ("pids.events", "max", "pids_max"),
+            ):
+                try:
+                    lines = (d / fname).read_text().splitlines()
+                except OSError:
+                    continue
+                for line in lines:
+                    k, _, v = line.partition(" ")
+                    if k == key and v.strip().isdigit() and int(v) > 0:
+                        out[name] = max(out.get(name, 0), int(v))
+        return out
+
     def kill_all(self, timeout_s: float = 5.0) -> None:
         """SIGKILL until empty: forks racing the kill are caught by the next sweep."""
         deadline = time.monotonic() + timeout_s

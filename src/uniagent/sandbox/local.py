@@ -191,6 +191,19 @@ class LocalSandbox(PipeShellSandbox):
             and procs.alive(self._init_pid)
         )
 
+    def limit_events(self) -> dict[str, int]:
+        return self._cgroup.limit_events() if self._cgroup is not None else {}
+
+    async def _died_from_inside(self) -> bool:
+        """bwrap exits with its init's status when init dies inside (`kill -9 -1` reaches it:
+        it is pid 2 of the namespace, under bwrap's own pid 1), and dies of the signal itself
+        when killed from the host: a negative return code is the host's doing."""
+        if self._proc is None:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), 2)
+        return self._proc.returncode is not None and self._proc.returncode >= 0
+
     # -- sessions ------------------------------------------------------------------------
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         if self._init_pid is None or not await self._alive():

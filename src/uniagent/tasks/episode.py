@@ -1,4 +1,5 @@
-"""One episode end to end: sandbox up, task setup, the agent, verification, sandbox down.
+"""One episode end to end: sandbox up, task setup, the agent, its final state, sandbox down, then
+grading (by default in a fresh sandbox of the task: `uniagent.tasks.grading`).
 
 `run_episode` is the single entry shared by `uniagent run` (local and Ray), `uniagent verify`, the
 verl agent loop and the local trainer, so an episode means the same thing everywhere, whichever
@@ -24,6 +25,7 @@ from uniagent.agent.react import ReactAgent
 from uniagent.errors import SandboxError
 from uniagent.models.base import ChatModel
 from uniagent.sandbox.base import Sandbox
+from uniagent.tasks import grading
 from uniagent.tasks.base import Task
 from uniagent.tools import Tool, build_tools, install_tool_scripts
 
@@ -111,8 +113,11 @@ async def run_episode(
     """`task` with `model` acted by `agent` (a started one, see `agent.registry.open_agent`;
     default: the ReAct loop) under the budgets in `config`, in a sandbox from `sandbox` (the run's
     settings; the task completes them). Never raises for episode-level failures: they come back
-    as an exit reason."""
+    as an exit reason. Grading happens here, for every agent (`uniagent.tasks.grading`): the final
+    state in the agent's sandbox, then the verdict where `config.grade_in` and the task say."""
     agent = agent or REACT
+    config = config or AgentConfig()
+    grade_cfg = sandbox  # a grading sandbox is the task's, without what the agent binds in
     metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": agent.name}
     t0 = time.perf_counter()
     result: EpisodeResult | None = None
@@ -122,17 +127,19 @@ async def run_episode(
             sandbox = prepare(task.sandbox_config(sandbox))
         except Exception as exc:
             return failed_result(task, ExitReason.INTERNAL_ERROR, f"sandbox config: {exc}", metrics)
+    fresh = False
     try:
         async with episode_sandbox(task, sandbox, metrics) as ready:
             if ready.failure is not None or ready.sandbox is None:
                 result = ready.failure
             else:
-                episode = Episode(
-                    ready.task, ready.sandbox, ready.tools, model, config or AgentConfig(), metrics
-                )
+                episode = Episode(ready.task, ready.sandbox, ready.tools, model, config, metrics)
                 result = await agent.run(episode)
                 for key, value in metrics.items():  # the set-up's figures; the agent's own win
                     result.metrics.setdefault(key, value)
+                fresh = await grading.settle(ready.task, ready.sandbox, result, config)
+        if fresh and result is not None:  # the agent's sandbox is stopped by now
+            await grading.grade_fresh(task, grade_cfg, result, config)
     except asyncio.CancelledError:
         result = failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     assert result is not None

@@ -63,6 +63,7 @@ class LookupTask(Task):
     """Files written into the sandbox, a question about them, `bash` + `finish`, exact match."""
 
     family = "lookup"
+    carries = "answer"
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
         super().__init__(row, source)
@@ -87,7 +88,7 @@ class LookupTask(Task):
         for path, text in self.files.items():
             await sandbox.write_file(path, text)
 
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
+    async def score(self, sandbox: Sandbox | None, result: EpisodeResult) -> Reward:
         given = (result.answer or "").strip()
         ok = given == self.answer
         return Reward(float(ok), ok, {"answer": given, "expected": self.answer})

@@ -40,7 +40,7 @@ import secrets
 import tarfile
 from typing import Any
 
-from uniagent.agent.result import EpisodeResult, Reward
+from uniagent.agent.result import Reward
 from uniagent.errors import ConfigError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.procs import quote
@@ -49,7 +49,6 @@ from uniagent.tasks import repo, witness
 from uniagent.tasks.loading import json_list
 from uniagent.tasks.r2e_commit import commit_patch
 from uniagent.tasks.swe import PatchApplyError, SweTask, split_patch, strip_test_changes
-from uniagent.tools.submit import workspace_patch
 
 WORKDIR = "/testbed"
 HIDDEN_TESTS = "r2e_tests"
@@ -155,6 +154,7 @@ def problem_text(statement: str) -> str:
 
 class R2EGymTask(SweTask):
     family = "r2e_gym"
+    patch_exclude = ENV_PATHS
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
         image = str(row.get("docker_image") or row.get("image_name") or row.get("image") or "")
@@ -271,12 +271,6 @@ class R2EGymTask(SweTask):
         ]
 
     # -- grading ---------------------------------------------------------------------------
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
-        assert self.base is not None, "setup() runs before score()"
-        patch = await workspace_patch(sandbox, self.base, sandbox.workdir, list(ENV_PATHS))
-        result.patch = patch
-        return await self.grade_patch(sandbox, patch)
-
     async def grade_patch(self, sandbox: Sandbox, patch: str) -> Reward:
         """Reset to base, apply `patch` without test or verifier files, restore the hidden
         tests, run run_tests.sh, grade."""

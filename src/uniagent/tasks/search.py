@@ -54,6 +54,7 @@ def f1_score(prediction: str, answers: list[str]) -> float:
 
 class SearchTask(Task):
     family = "search"
+    carries = "answer"
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
         super().__init__(row, source)
@@ -87,7 +88,7 @@ class SearchTask(Task):
             search["corpus"] = self.corpus
         return [search, "finish"]
 
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
+    async def score(self, sandbox: Sandbox | None, result: EpisodeResult) -> Reward:
         answer = result.answer or ""
         em, f1 = exact_match(answer, self.answers), f1_score(answer, self.answers)
         value = f1 if self.metric == "f1" else em

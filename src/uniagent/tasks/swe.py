@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.agent.result import EpisodeResult, Reward
-from uniagent.errors import ConfigError, SandboxError
+from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import image_config
 from uniagent.tasks import guard, repo, witness, workspace
-from uniagent.tasks.base import SYSTEM_PROMPT, Task
+from uniagent.tasks.base import SYSTEM_PROMPT, Task, WorkspaceDestroyedError
 from uniagent.tasks.loading import json_list
 from uniagent.tasks.witness import LOG_LIMIT
 from uniagent.tools.submit import workspace_patch
@@ -91,6 +91,9 @@ def parser_name(name: str | None) -> str:
 
 class SweTask(Task):
     family = "swe"
+    carries = "patch"
+    patch_exclude: tuple[str, ...] = ()
+    """Paths of the workspace that are the task's environment, not the agent's work."""
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
         super().__init__(row, source)
@@ -166,11 +169,45 @@ class SweTask(Task):
         return ["bash", "str_replace_editor", {"name": "submit", "base_ref": self.base or "HEAD"}]
 
     # -- grading -------------------------------------------------------------------------
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
-        assert self.base is not None, "setup() runs before score()"
-        patch = await workspace_patch(sandbox, self.base, sandbox.workdir)
-        result.patch = patch
-        return await self.grade_patch(sandbox, patch)
+    async def final_state(self, sandbox: Sandbox, result: EpisodeResult) -> None:
+        """The agent's work as a patch against the base commit, taken from its sandbox; a
+        repository whose base commit is gone (the agent removed `.git`, or the tree) is
+        `WorkspaceDestroyedError`."""
+        assert self.base is not None, "setup() runs before final_state()"
+        try:
+            result.patch = await workspace_patch(
+                sandbox, self.base, sandbox.workdir, list(self.patch_exclude)
+            )
+        except SandboxDeadError:
+            raise
+        except SandboxError as exc:
+            if not await self._base_intact(sandbox):
+                raise WorkspaceDestroyedError(
+                    f"the workspace's repository no longer has the base commit {self.base[:12]}: {exc}"
+                ) from exc
+            raise
+
+    async def _base_intact(self, sandbox: Sandbox) -> bool:
+        """Whether the workspace still holds the base commit: git itself says it is not there (1)
+        or that there is no repository (128); the check failing otherwise (a sandbox out of
+        processes, a timeout) is no evidence either way: True."""
+        assert self.base is not None
+        try:
+            res = await sandbox.exec(
+                f"{repo.GIT} rev-parse -q --verify {self.base}^{{commit}}",
+                timeout=60,
+                cwd=sandbox.workdir,
+                session="_tools",
+            )
+        except SandboxError:
+            return True
+        return res.timed_out or res.exit_code not in (1, 128)
+
+    async def score(self, sandbox: Sandbox | None, result: EpisodeResult) -> Reward:
+        """`grade_patch` of the patch `final_state` carried over."""
+        if sandbox is None:
+            raise SandboxError(f"{self.family} tasks are graded in a sandbox")
+        return await self.grade_patch(sandbox, result.patch or "")
 
     async def grade_patch(self, sandbox: Sandbox, patch: str) -> Reward:
         """Reset to base, apply `patch` without its test changes, run the tests, grade."""

@@ -64,6 +64,7 @@ class ToyTask(Task):
     """One question, one exact-match answer, the `finish` tool only."""
 
     family = "toy"
+    carries = "answer"
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
         super().__init__(row, source)
@@ -80,7 +81,7 @@ class ToyTask(Task):
     def tools(self) -> list[str | dict[str, Any]]:
         return ["finish"]
 
-    async def score(self, sandbox: Sandbox, result: EpisodeResult) -> Reward:
+    async def score(self, sandbox: Sandbox | None, result: EpisodeResult) -> Reward:
         given = result.answer or ""
         ok = normalize_answer(given) == normalize_answer(self.answer)
         return Reward(float(ok), ok, {"answer": given, "expected": self.answer})

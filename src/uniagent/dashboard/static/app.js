@@ -17,7 +17,7 @@ let routeSeq = 0;
 const REASON_COLORS = {
   finished: "#2f7fd1", max_turns: "#d69e2e", format_errors: "#9f7aea", context_limit: "#ed8936",
   timeout_budget: "#e53e3e", sandbox_dead: "#718096", model_error: "#4a5568", verifier_error: "#a0aec0",
-  cancelled: "#cbd5e0", internal_error: "#1a202c",
+  cancelled: "#cbd5e0", internal_error: "#1a202c", sandbox_broken: "#c53030", workspace_destroyed: "#9b2c2c",
 };
 const reasonColor = (r) => REASON_COLORS[r] || "#888";
 
