@@ -33,6 +33,7 @@ from uniagent.tokens import ChatCodec
 pytestmark = needs_bwrap
 CLI = [sys.executable, "-m", "uniagent.cli"]
 SAMPLES = 2
+NOTHING = {"dirs": [], "cgroups": [], "processes": []}
 
 
 def _processes_with(text: str) -> list[int]:
@@ -117,7 +118,7 @@ def _resume_command(output: str) -> str:
 def test_sigterm_mid_run_cleans_up_stores_interrupted_and_resumes(tmp_path: Path, codec: ChatCodec) -> None:
     proc, output, session, mark, out, pairs = _interrupt_mid_run(tmp_path, codec, signal.SIGTERM)
     assert proc.returncode == 143, output[-3000:]
-    assert _left_behind(proc.pid, session, mark) == {"dirs": [], "cgroups": [], "processes": []}, output[-3000:]
+    assert _left_behind(proc.pid, session, mark) == NOTHING, output[-3000:]
     assert "interrupted by SIGTERM" in output, output[-3000:]
 
     store = RunStore(out / "run.db", readonly=True)
@@ -148,7 +149,7 @@ def test_sigterm_mid_run_cleans_up_stores_interrupted_and_resumes(tmp_path: Path
 def test_sigint_mid_run_exits_130_and_leaves_nothing(tmp_path: Path, codec: ChatCodec) -> None:
     proc, output, session, mark, out, _ = _interrupt_mid_run(tmp_path, codec, signal.SIGINT, tasks=2)
     assert proc.returncode == 130, output[-3000:]
-    assert _left_behind(proc.pid, session, mark) == {"dirs": [], "cgroups": [], "processes": []}, output[-3000:]
+    assert _left_behind(proc.pid, session, mark) == NOTHING, output[-3000:]
     command = _resume_command(output)
     assert command.endswith("--resume") and str(out.name) in command
     assert "Traceback" not in output, output[-3000:]
@@ -165,3 +166,71 @@ def test_resume_command_is_the_invocation_plus_resume(argv: list[str], expected:
     from uniagent.runner.interrupt import resume_command
 
     assert resume_command(argv, cwd="/w") == expected
+
+
+_STOPPER = r"""
+import asyncio, sys
+from uniagent import sandbox
+from uniagent.errors import RunInterruptedError
+from uniagent.runner.interrupt import Stopper
+
+mode, mark = sys.argv[1:3]
+
+
+async def busy(sb):
+    await sb.exec(f"sh -c 'sleep 600' {mark}", timeout=900)
+
+
+async def work():
+    sb = sandbox.create({"start_retries": 0})
+    await sb.start()
+    left_alone = asyncio.ensure_future(busy(sb))  # a task the work never waits for (nor stops)
+    await asyncio.sleep(0.5)
+    print("ready", flush=True)
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        if mode == "hang":
+            print("stopping", flush=True)
+            await asyncio.sleep(3600)  # a stop that never ends: only a second signal ends it
+        raise
+
+
+try:
+    asyncio.run(Stopper(lambda signum: f"stopped by {signum}").run(work()))
+except RunInterruptedError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(exc.exit_status)
+"""
+
+
+@pytest.mark.parametrize("mode", ["hang", "orphan"])
+def test_stopper_tears_down_what_the_work_left_and_a_second_signal_forces(tmp_path: Path, mode: str) -> None:
+    """`hang`: the work's own stop never ends; the second SIGTERM forces the exit (143) and still
+    tears its sandbox down. `orphan` (the trainer's case): the work stops at once but a task it
+    never waited for still holds a sandbox running a command; the clean stop tears that down too."""
+    mark = f"uniagent-stopper-test-{secrets.token_hex(4)}"
+    session = f"stopper-{secrets.token_hex(4)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOPPER, mode, mark],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, leftovers.MARKER: session},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr
+        assert _processes_with(mark), "the sandbox's command did not start"
+        proc.send_signal(signal.SIGTERM)
+        if mode == "hang":
+            assert proc.stdout.readline().strip() == "stopping"
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert f"stopped by {signal.SIGTERM.value}" in err
+    assert ("forced by a second SIGTERM" in err) == (mode == "hang"), err[-3000:]
+    assert _left_behind(proc.pid, session, mark) == NOTHING, err[-3000:]

@@ -84,6 +84,12 @@ class Stopper:
             if self.signum is None or self._task is None:
                 raise
             self._task.uncancel()
+            # The safety net: a sandbox whose stop still runs in a task the work did not wait for
+            # would be cancelled mid-stop by asyncio.run's exit (the trainer's rollouts); torn
+            # down here. The run's own episodes have all stopped theirs by now (none is left).
+            from uniagent.sandbox.base import Sandbox
+
+            Sandbox.kill_all_now()
             raise RunInterruptedError(self.message(self.signum), self.signum) from None
         finally:
             for sig in installed:
