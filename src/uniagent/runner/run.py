@@ -135,9 +135,9 @@ class Runner:
             else f"resume: the same run with --resume --output {self.out}"
         )
         return (
-            f"interrupted by {signal.Signals(signum).name}: {done} of {total} episodes are stored in "
-            f"{self.out}; {self.interrupted} cut short (stored as interrupted) and {left} not started "
-            f"run on resume; no sandbox is left behind.\n{how}"
+            f"interrupted by {signal.Signals(signum).name}: {done} of {total} episodes are done and "
+            f"stored in {self.out}; {self.interrupted} cut short (stored as interrupted) and {left} not "
+            f"started run on resume; no sandbox is left behind.\n{how}"
         )
 
     async def _run(self) -> dict[str, Any]:
