@@ -234,3 +234,14 @@ def test_stopper_tears_down_what_the_work_left_and_a_second_signal_forces(tmp_pa
     assert f"stopped by {signal.SIGTERM.value}" in err
     assert ("forced by a second SIGTERM" in err) == (mode == "hang"), err[-3000:]
     assert _left_behind(proc.pid, session, mark) == NOTHING, err[-3000:]
+
+
+def test_an_interrupted_row_is_never_done_whatever_retry_failed_says(tmp_path: Path) -> None:
+    from uniagent.runner.store import episode_row
+
+    store = RunStore(tmp_path / "run.db")
+    for iid, reason in (("a", "cancelled"), ("b", "sandbox_dead"), ("c", "finished")):
+        store.put(episode_row(iid, 0, {"exit_reason": reason, "metrics": {}, "reward": None}))
+    assert store.done_pairs(include_untrainable_failures=True) == {("b", 0), ("c", 0)}
+    assert store.done_pairs(include_untrainable_failures=False) == {("c", 0)}
+    store.close()
