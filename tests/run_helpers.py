@@ -29,12 +29,15 @@ def write_replay(
     tasks: list[Task],
     samples: int = 1,
     wrong: set[tuple[str, int]] | None = None,
+    first: list[str] | None = None,
 ) -> Path:
-    """Sample s of each task applies the gold patch, unless (id, s) is in `wrong` (empty submit)."""
+    """Sample s of each task applies the gold patch, unless (id, s) is in `wrong` (empty submit).
+    `first`: turns every episode begins with (e.g. a slow command, to be caught mid-run)."""
     lines = []
     for task in tasks:
         for s in range(samples):
             turns = [call("submit")] if wrong and (task.instance_id, s) in wrong else gold_turns(task)
+            turns = [*(first or []), *turns]
             for turn, text in enumerate(turns):
                 ids = codec.encode(text) + codec.eot_ids
                 rec = ReplayRecord(

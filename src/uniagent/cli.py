@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from uniagent import __version__
-from uniagent.errors import UniAgentError
+from uniagent.errors import RunInterruptedError, UniAgentError
 from uniagent.models.registry import kinds_help
 
 app = typer.Typer(
@@ -194,6 +194,7 @@ def run(
 ) -> None:
     """Run episodes concurrently, store each as it ends, and export the results."""
     from uniagent.runner import build_config
+    from uniagent.runner.interrupt import resume_command
     from uniagent.runner.live import run_with_progress
 
     flags = {
@@ -211,7 +212,7 @@ def run(
         "runner.ray_address": ray_address,
     }
     cfg = build_config(config, set_, flags)
-    run_with_progress(cfg, console)
+    run_with_progress(cfg, console, resume_command())
 
 
 @app.command()
@@ -297,9 +298,13 @@ _register_commands()
 
 
 def main() -> None:
-    """Entry point: user mistakes print one clear line and exit 2, without a traceback."""
+    """Entry point: user mistakes print one clear line and exit 2, without a traceback; a run
+    stopped by SIGTERM/SIGINT says how to resume and exits 128 + the signal (143, 130)."""
     try:
         app()
+    except RunInterruptedError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        sys.exit(exc.exit_status)
     except UniAgentError as exc:
         # Plain print: one line, never wrapped to the terminal width, easy to grep.
         print(f"error: {exc}", file=sys.stderr)

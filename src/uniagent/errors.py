@@ -57,3 +57,13 @@ class PreflightError(UniAgentError):
 
 class RunStoppedError(UniAgentError):
     """A run stopped early: its first episodes all failed the same infrastructure way."""
+
+
+class RunInterruptedError(UniAgentError):
+    """A run or training stopped by SIGTERM/SIGINT after a clean stop (runner/interrupt.py);
+    the message says how to resume, `exit_status` is 128 + the signal."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_status = 128 + signum

@@ -81,7 +81,9 @@ async def _run_plain(runner: Runner, plain: PlainProgress) -> dict[str, Any]:
         ticker.cancel()
 
 
-def run_with_progress(cfg: RunConfig, console: Console) -> dict:
+def run_with_progress(cfg: RunConfig, console: Console, resume_command: str | None = None) -> dict:
+    """The run with its live view. `resume_command`: the exact line that continues it, printed if a
+    signal stops it (the CLI's invocation plus --resume)."""
     console.print(
         f"[bold]uniagent run[/] tasks={cfg.tasks.spec} model={cfg.model.spec} "
         f"sandbox={cfg.sandbox.get('type', 'local')} concurrency={cfg.runner.concurrency} "
@@ -90,7 +92,7 @@ def run_with_progress(cfg: RunConfig, console: Console) -> dict:
     )
     if not console.is_terminal:
         plain = PlainProgress(console, cfg.runner.progress_interval_s)
-        summary = asyncio.run(_run_plain(Runner(cfg, plain.update), plain))
+        summary = asyncio.run(_run_plain(Runner(cfg, plain.update, resume_command), plain))
     else:
         with Progress(
             TextColumn("[bold blue]episodes"),
@@ -106,7 +108,7 @@ def run_with_progress(cfg: RunConfig, console: Console) -> dict:
             def update(p: RunProgress) -> None:
                 bar.update(job, total=p.total, completed=p.done, description=_line(p))
 
-            summary = asyncio.run(Runner(cfg, update).run())
+            summary = asyncio.run(Runner(cfg, update, resume_command).run())
     table = Table(title="run summary")
     table.add_column("figure")
     table.add_column("value")

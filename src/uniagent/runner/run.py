@@ -12,8 +12,9 @@ import asyncio
 import collections
 import gc
 import logging
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ import yaml
 from uniagent.agent.base import Agent
 from uniagent.agent.registry import open_agent
 from uniagent.agent.result import ExitReason
-from uniagent.errors import ConfigError, RunStoppedError
+from uniagent.errors import ConfigError, RunInterruptedError, RunStoppedError
 from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
 from uniagent.runner.guard import InfraGuard, preflight
+from uniagent.runner.interrupt import Stopper
 from uniagent.runner.pidfd import use_pidfd_child_watcher
 from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
@@ -71,14 +73,22 @@ class Progress:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        on_progress: Callable[[Progress], None] | None = None,
+        resume_command: str | None = None,
+    ) -> None:
         self.config = config
         self.out = Path(config.runner.output)
         self.on_progress = on_progress
         self.redactor = run_redactor(config)
         self.progress: Progress | None = None
         self.guard = InfraGuard(config.runner.stop_after_infra_failures)
-        self.stopped: str | None = None  # set when the guard trips: no new episode starts
+        self.stopped: str | None = None  # set when the guard trips or a signal comes: no new episode starts
+        self.resume_command = resume_command  # the CLI's exact line; printed when a signal stops the run
+        self.signum: int | None = None  # SIGTERM / SIGINT received (runner/interrupt.py)
+        self.interrupted = 0  # episodes cut short by it, stored as interrupted
 
     # -- setup ---------------------------------------------------------------------------
     def open_store(self) -> RunStore:
@@ -106,6 +116,31 @@ class Runner:
 
     # -- run -----------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        """The run; SIGTERM/SIGINT stop it cleanly (`_on_signal`) and raise `RunInterruptedError`."""
+        return await Stopper(self.interrupt_message, self._on_signal).run(self._run())
+
+    def _on_signal(self, signum: int) -> None:
+        self.signum = signum
+        self.stopped = self.stopped or f"interrupted by {signal.Signals(signum).name}"
+
+    def interrupt_message(self, signum: int) -> str:
+        """What the user reads when a signal stopped the run: what is stored, what resume redoes,
+        and the exact command."""
+        p = self.progress
+        done, total = (p.done, p.total) if p is not None else (0, 0)
+        left = max(total - done - self.interrupted, 0)
+        how = (
+            f"resume with: {self.resume_command}"
+            if self.resume_command
+            else f"resume: the same run with --resume --output {self.out}"
+        )
+        return (
+            f"interrupted by {signal.Signals(signum).name}: {done} of {total} episodes are done and "
+            f"stored in {self.out}; {self.interrupted} cut short (stored as interrupted) and {left} not "
+            f"started run on resume; no sandbox is left behind.\n{how}"
+        )
+
+    async def _run(self) -> dict[str, Any]:
         cfg = self.config
         tasks = load_tasks(cfg.tasks.spec, cfg.tasks.family, cfg.tasks.limit, cfg.tasks.ids)
         if not tasks:
@@ -139,6 +174,8 @@ class Runner:
             finally:  # a run stopped early still counts its time
                 wall = prior + time.monotonic() - started
                 store.set_meta("wall_s", wall)
+            if self.signum is not None:  # the work ended before the signal's cancellation reached it
+                raise RunInterruptedError(self.interrupt_message(self.signum), self.signum)
             if self.stopped:
                 raise RunStoppedError(
                     f"{self.stopped}; {store.count()} episodes are stored in {self.out}: fix the cause, "
@@ -177,7 +214,7 @@ class Runner:
                 await preflight(factory, todo[0][0].sandbox_config(cfg.sandbox))
             # the agent's per-run resources (a harness's gateway) serve every episode of the run
             async with open_agent(cfg.agent_kind, factory.engine, factory.codec) as agent:
-                await asyncio.gather(*(one(t, s, agent) for t, s in todo))
+                await gather_all([one(t, s, agent) for t, s in todo])
         finally:
             await factory.close()
 
@@ -198,8 +235,20 @@ class Runner:
         self, store: RunStore, instance_id: str, sample: int, result: dict[str, Any], trainable_model: bool
     ) -> dict[str, Any] | None:
         """Redact and commit one finished episode; the stored row, or None when it is not stored.
-        Thread-safe (the store serialises its writes): the local runner calls it off the loop."""
-        if result["exit_reason"] == ExitReason.CANCELLED.value:
+        Thread-safe (the store serialises its writes): the local runner calls it off the loop.
+
+        A cancelled episode is not an outcome: a resumed run does it again. One that a signal cut
+        short is stored, as `cancelled` with the signal in `error` (`interrupted`), so the store
+        shows what the stop interrupted; so is any infrastructure failure after the signal (a
+        Ctrl-C reaches the terminal's whole process group: a sandbox may die of it first)."""
+        if self.signum is not None and not ExitReason(result["exit_reason"]).trainable:
+            name = signal.Signals(self.signum).name
+            was = result["exit_reason"]
+            result["exit_reason"], result["trainable"] = ExitReason.CANCELLED.value, False
+            cause = "" if was == ExitReason.CANCELLED.value else f" ({was}: {result['error']})"
+            result["error"] = f"interrupted by {name}{cause}"
+            result["metrics"]["interrupted"] = name
+        elif result["exit_reason"] == ExitReason.CANCELLED.value:
             return None  # not stored: a resumed run does it again
         if not trainable_model:  # text-only endpoints give no token record to train on
             if result["trainable"]:
@@ -211,6 +260,9 @@ class Runner:
 
     def _count(self, row: dict[str, Any]) -> None:
         """Progress and the infrastructure guard, on the event loop."""
+        if row["exit_reason"] == ExitReason.CANCELLED.value:  # interrupted: not done, resume redoes it
+            self.interrupted += 1
+            return
         p = self.progress
         if p is not None:
             p.done += 1
@@ -223,6 +275,21 @@ class Runner:
     def _notify(self) -> None:
         if self.on_progress and self.progress:
             self.on_progress(self.progress)
+
+
+async def gather_all(coros: list[Coroutine[Any, Any, None]]) -> None:
+    """`asyncio.gather`, except that a cancellation (a signal stopping the run) returns only once
+    every task has ended: gather passes on the first child that ends cancelled (one still waiting
+    for its turn) at once, while the running episodes still store their rows and stop their
+    sandboxes, and the store would be closed under them."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        # Each task was cancelled once by gather; a second cancel would cut a task's own cleanup
+        # short (a shielded sandbox stop left to run alone, then cancelled by asyncio.run's exit).
+        await asyncio.wait(tasks)
+        raise
 
 
 def check_sandbox_configs(tasks: list[Task], base: dict[str, Any]) -> None:

@@ -227,10 +227,14 @@ class RunStore:
         return json.loads(row[0]) if row else default
 
     def done_pairs(self, include_untrainable_failures: bool = True) -> set[tuple[str, int]]:
+        """Pairs a resumed run skips. An interrupted episode (`cancelled`: a signal stopped the run,
+        runner/interrupt.py) never counts as done, whatever `include_untrainable_failures` says."""
         sql = "SELECT instance_id, sample, exit_reason FROM episodes"
         infra = {r.value for r in ExitReason if not r.trainable}
         return {
-            (r[0], r[1]) for r in self.conn.execute(sql) if include_untrainable_failures or r[2] not in infra
+            (r[0], r[1])
+            for r in self.conn.execute(sql)
+            if r[2] != "cancelled" and (include_untrainable_failures or r[2] not in infra)
         }
 
     def count(self) -> int:

@@ -98,6 +98,8 @@ class Sandbox(ABC):
     kind: ClassVar[str] = "?"
     start_slots: ClassVar[StartSlots | None] = None
     """Bounds concurrent starts over all backends (set with `set_start_concurrency`)."""
+    _live: ClassVar[weakref.WeakSet[Sandbox]] = weakref.WeakSet()
+    """Sandboxes started (or starting) and not yet stopped: what `kill_all_now` tears down."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -163,6 +165,26 @@ class Sandbox(ABC):
             return "its processes were killed from inside (the sandbox's init was killed)"
         return None
 
+    def _kill_now(self) -> None:  # noqa: B027 (a hook with a default, not abstract)
+        """Kill what this sandbox runs and free what it holds on this host, synchronously (no
+        event loop: a process on its way out, see `kill_all_now`). Best effort. The default does
+        nothing: backends whose sandboxes live elsewhere are not this host's to sweep."""
+
+    @classmethod
+    def kill_all_now(cls) -> int:
+        """`_kill_now` every live sandbox of this process: a forced exit (a second SIGTERM or
+        Ctrl-C while stopping, runner/interrupt.py) that cannot wait for their async stops.
+        Returns how many were torn down."""
+        n = 0
+        for sb in list(Sandbox._live):
+            try:
+                sb._kill_now()
+                n += 1
+            except Exception as exc:  # the next one is still torn down
+                log.warning("%s sandbox: forced teardown failed: %s", sb.kind, exc)
+        Sandbox._live.clear()
+        return n
+
     # -- lifecycle -----------------------------------------------------------------------
     @classmethod
     def set_start_concurrency(cls, n: int | None) -> None:
@@ -172,6 +194,7 @@ class Sandbox(ABC):
     async def start(self) -> None:
         if self._started:
             return
+        Sandbox._live.add(self)
         cfg = self.config
         last: BaseException | None = None
         began = time.perf_counter()
@@ -195,7 +218,9 @@ class Sandbox(ABC):
                 # Cancelled (Ctrl-C, a runner stopping early) or an unexpected error: what this
                 # attempt started is freed before the exception goes on, or it would leak.
                 await asyncio.shield(self._safe_stop())
+                Sandbox._live.discard(self)
                 raise
+        Sandbox._live.discard(self)
         raise SandboxStartError(
             f"could not start the {self.kind} sandbox after {cfg.start_retries + 1} attempts: {last}"
         ) from last
@@ -231,7 +256,10 @@ class Sandbox(ABC):
         self._stopped = True
         if self._watchdog and self._watchdog is not asyncio.current_task():
             self._watchdog.cancel()
-        await self._safe_stop()
+        try:
+            await self._safe_stop()
+        finally:
+            Sandbox._live.discard(self)
 
     async def alive(self) -> bool:
         if not self._started or self._stopped:

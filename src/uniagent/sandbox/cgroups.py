@@ -152,6 +152,14 @@ def _retry_leftovers(tries: int = 1) -> None:
     _leftover[:] = [d for d in _leftover if not _remove_dir(d, tries)]
 
 
+def release_now() -> None:
+    """What this module's exit hooks remove (the shared cpu group, cgroups still to retry), for an
+    exit that skips them: `os._exit` after a forced stop (runner/interrupt.py)."""
+    _retry_leftovers(5)
+    if _shared_cpu and _shared_cpu[0] is not None:
+        _remove_dir(_shared_cpu[0], 5)
+
+
 def reap_orphans() -> list[Path]:
     """Remove the empty sandbox cgroups whose owner process is gone. A cgroup that still holds a
     process cannot be removed (rmdir fails) and is left alone; so are those of live owners."""

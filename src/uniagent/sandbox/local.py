@@ -169,19 +169,36 @@ class LocalSandbox(PipeShellSandbox):
         if self._proc is not None:
             # The tree, not just bwrap: a bwrap killed mid-start leaves its init behind.
             await procs.kill_process_tree(self._proc, 10)
+        await asyncio.to_thread(self._free_host)  # a cgroup's kernel lock can take seconds
+        await _remove_trees(*self._doomed())
+
+    def _free_host(self) -> None:
+        """Kill what is left in the sandbox's cgroup, remove the cgroup, and (stopped mid-start)
+        the stray bwrap child. Blocking."""
         if self._cgroup is not None:  # every process of the sandbox is in it: forks racing the kill too
-            await asyncio.to_thread(self._cgroup.kill_all)
-            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup.kill_all()
+            self._cgroup.remove()
         if self._init_pid is None and self._ctl is not None and not (self._cgroup and self._cgroup.dirs):
             # Stopped mid-start with no cgroup of its own: bwrap may have forked its sandbox child
             # just as it was killed (procs.kill_tree). That child waits forever for bwrap, and still
             # carries bwrap's argv, which names our control dir.
-            stray = await asyncio.to_thread(procs.pids_with_arg, str(self._ctl))
-            procs.signal_pids(stray, signal.SIGKILL)
+            procs.signal_pids(procs.pids_with_arg(str(self._ctl)), signal.SIGKILL)
+
+    def _doomed(self) -> list[Path]:
+        """The host directories that go with the sandbox: its control dir, and its workspace when
+        it made that itself (and was not told to keep it)."""
         doomed = [self._ctl] if self._ctl is not None else []
         if self._own_workspace and self.workspace is not None and not self.config.keep_workspace:
             doomed.append(self.workspace)
-        await _remove_trees(*doomed)
+        return doomed
+
+    def _kill_now(self) -> None:
+        """`_stop` without the event loop (a forced exit): the same kills, then `rm` in-process."""
+        if self._proc is not None and self._proc.returncode is None:
+            procs.kill_tree(self._proc.pid)
+        self._free_host()
+        for path in self._doomed():
+            shutil.rmtree(path, ignore_errors=True)
 
     async def _alive(self) -> bool:
         return (

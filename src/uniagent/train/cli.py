@@ -96,7 +96,9 @@ def train(
             )
         )
 
-    run_local(cfg, resume=resume, on_step=show)
+    from uniagent.runner.interrupt import resume_command
+
+    run_local(cfg, resume=resume, on_step=show, resume_command=resume_command())
     console.print(
         f"metrics: {out / METRICS}\nreward curve: {out / CURVE}\ncheckpoints: {out / 'checkpoints'}"
     )

@@ -63,6 +63,7 @@ import dataclasses
 import logging
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,10 +456,26 @@ class LocalTrainer:
         load_checkpoint(self, path)
 
 
-def run_local(cfg: TrainConfig, resume: bool = False, on_step: Any = None) -> list[dict[str, Any]]:
-    """Build the trainer, train, close the engine; what `uniagent train --engine local` calls."""
+def run_local(
+    cfg: TrainConfig, resume: bool = False, on_step: Any = None, resume_command: str | None = None
+) -> list[dict[str, Any]]:
+    """Build the trainer, train, close the engine; what `uniagent train --engine local` calls.
+
+    SIGTERM/SIGINT stop it cleanly (runner/interrupt.py): the step in progress is abandoned, its
+    sandboxes torn down, and `RunInterruptedError` says to continue from the last checkpoint
+    (`resume_command`: the exact line, when the CLI gives it)."""
+    from uniagent.runner.interrupt import Stopper
+
     trainer = LocalTrainer(cfg, resume=resume)
+
+    def message(signum: int) -> str:
+        how = f"resume with: {resume_command}" if resume_command else "resume: the same command with --resume"
+        return (
+            f"training interrupted by {signal.Signals(signum).name} during step {trainer.step + 1}; "
+            f"checkpoints are in {cfg.trainer.output / 'checkpoints'}; no sandbox is left behind.\n{how}"
+        )
+
     try:
-        return asyncio.run(trainer.train(on_step))
+        return asyncio.run(Stopper(message).run(trainer.train(on_step)))
     finally:
         trainer.close()
