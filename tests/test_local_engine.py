@@ -411,11 +411,14 @@ async def test_model_config_sets_the_prefix_budget(monkeypatch):
 
     async def create(model=None, **options):
         seen.update(options)
+        return type("Built", (), {"memory_line": "local engine memory budget ..."})()
 
     monkeypatch.setattr(LocalEngine, "create", create)
     await KIND.build("", ModelConfig(prefix_cache_bytes=12345))
     assert seen["prefix_cache_bytes"] == 12345
-    assert ModelConfig().prefix_cache_bytes == 2 * 1024**3
+    await KIND.build("", ModelConfig(memory_budget_bytes=2**30))
+    assert seen["memory_budget_bytes"] == 2**30
+    assert ModelConfig().prefix_cache_bytes is None  # a quarter of the memory budget (test_engine_memory)
 
 
 def test_dequantized_gguf_is_kept_and_loads_the_same_weights(smol_engine, smol_source):

@@ -47,8 +47,18 @@ class ModelConfig(BaseModel):
     )
     replay_delay_s: float = Field(0.0, ge=0, description="replay: seconds per generation (simulated latency)")
     max_batch_size: int = Field(16, ge=1, description="local engine: rows decoded together")
-    prefix_cache_bytes: int = Field(
-        2 * 1024**3, ge=0, description="local engine: keys/values kept between an episode's turns (0: off)"
+    memory_budget_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="local engine: bytes its keys/values, prefill activations and kept prefixes may use "
+        "together; work that does not fit waits in the queue (None: half of the memory available at start, "
+        "MemAvailable or the cgroup's limit, whichever is less)",
+    )
+    prefix_cache_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="local engine: the most of the memory budget keys/values kept between an episode's "
+        "turns may hold; running work evicts them first (None: a quarter of the budget; 0: off)",
     )
     device: str = "cpu"
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")

@@ -37,6 +37,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 ATTENTION = "uniagent_sdpa"
 _CHUNK = 256  # columns a buffer grows by when a decode step would overflow it
+_EMPTY = torch.empty(0)  # a buffer already handed over (merge) or not yet allocated
 
 
 def gqa_sdpa_attention(
@@ -158,15 +159,22 @@ class SlotCache(Cache):
     `advance(q)`. Rows leave with `select`, batches join with `merge`: both copy once, never per step.
     """
 
-    def __init__(self, dims: Dims, rows: int, capacity: int) -> None:
+    def __init__(self, dims: Dims, rows: int, capacity: int, allocate: bool = True) -> None:
         super().__init__(layers=[_Layer(self, i) for i in range(dims.layers)])
         self.dims = dims
-        shape = (rows, dims.kv_heads, capacity, dims.head_dim)
-        self.k = [torch.zeros(shape, dtype=dims.dtype, device=dims.device) for _ in range(dims.layers)]
-        self.v = [torch.zeros(shape, dtype=dims.dtype, device=dims.device) for _ in range(dims.layers)]
+        self.k = [self._buffer(rows, capacity) if allocate else _EMPTY for _ in range(dims.layers)]
+        self.v = [self._buffer(rows, capacity) if allocate else _EMPTY for _ in range(dims.layers)]
         self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=dims.device)
         self.start = 0
         self.length = 0
+
+    def _buffer(self, rows: int, capacity: int) -> torch.Tensor:
+        shape = (rows, self.dims.kv_heads, capacity, self.dims.head_dim)
+        return torch.zeros(shape, dtype=self.dims.dtype, device=self.dims.device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     @property
     def rows(self) -> int:
@@ -211,18 +219,27 @@ class SlotCache(Cache):
 
     @classmethod
     def merge(cls, first: SlotCache, second: SlotCache, spare: int) -> SlotCache:
-        """The rows of both, right-aligned (shorter rows get masked columns on the left)."""
+        """The rows of both, right-aligned (shorter rows get masked columns on the left).
+
+        Both parts are consumed: layer by layer the merged buffer is allocated, filled and the parts'
+        buffers of that layer freed, so a merge holds one layer more than the parts, not twice them."""
         width = max(first.length, second.length)
-        merged = cls(first.dims, first.rows + second.rows, width + spare)
+        rows = first.rows + second.rows
+        merged = cls(first.dims, rows, width + spare, allocate=False)
         merged.length = width
+        for store, parts in ((merged.k, (first.k, second.k)), (merged.v, (first.v, second.v))):
+            for i in range(len(store)):
+                store[i] = merged._buffer(rows, width + spare)
+                row = 0
+                for part, buffers in zip((first, second), parts, strict=True):
+                    shift = width - part.length
+                    store[i][row : row + part.rows, :, shift:width] = buffers[i][:, :, part.start : part.end]
+                    buffers[i] = _EMPTY
+                    row += part.rows
         row = 0
         for part in (first, second):
             shift = width - part.length
-            dst = slice(row, row + part.rows)
-            for i in range(len(part.k)):
-                merged.k[i][dst, :, shift:width] = part.k[i][:, :, part.start : part.end]
-                merged.v[i][dst, :, shift:width] = part.v[i][:, :, part.start : part.end]
-            merged.mask[dst, shift:width] = part.mask[:, part.start : part.end]
+            merged.mask[row : row + part.rows, shift:width] = part.mask[:, part.start : part.end]
             row += part.rows
         return merged
 
@@ -348,12 +365,19 @@ class PrefixStore:
         self.shared = prefix
         self.nbytes += size
 
-    def _make_room(self, size: int) -> None:
-        """Evict per-request entries, oldest first, then the shared one, until `size` more bytes fit."""
-        while self._entries and self.nbytes + size > self.budget_bytes:
+    def fit(self, limit: int) -> None:
+        """Evict until at most `limit` bytes are kept (the memory budget's room for prefixes)."""
+        limit = max(0, min(limit, self.budget_bytes))
+        self._make_room(0, limit)
+
+    def _make_room(self, size: int, limit: int | None = None) -> None:
+        """Evict per-request entries, oldest first, then the shared one, until `size` more bytes fit
+        under `limit` (default: the store's own cap)."""
+        limit = self.budget_bytes if limit is None else limit
+        while self._entries and self.nbytes + size > limit:
             _, evicted = self._entries.popitem(last=False)
             self.nbytes -= evicted.nbytes
-        if self.shared is not None and self.nbytes + size > self.budget_bytes:
+        if self.shared is not None and self.nbytes + size > limit:
             self.nbytes -= self.shared.nbytes
             self.shared = None
 

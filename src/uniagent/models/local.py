@@ -21,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,13 @@ from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.kv import PrefixStore, use_gqa_attention
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
+from uniagent.models.local_memory import (
+    Incoming,
+    gib,
+    release_freed_memory,
+    resolve_budget,
+    resolve_prefix_cap,
+)
 from uniagent.models.local_update import WeightUpdate, copy_state, match_state, resolve
 from uniagent.models.registry import EngineKind
 
@@ -42,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX_CACHE_BYTES = 2 * 1024**3
-
 
 class LocalEngine:
     """A `TokenEngine` over a transformers causal LM on CPU or CUDA.
@@ -52,15 +58,19 @@ class LocalEngine:
     already-loaded model whose weights are shared (see `from_model`). `eos_token_ids` are stop ids added
     to every request, for callers that want them without passing them each time.
 
-    Admission caps bound memory, not fairness: at most `max_batch_size` rows decode together, their
-    worst-case tokens (prompt + max_tokens each) stay under `max_batch_tokens`, and one prefill pads at
-    most `max_prefill_tokens`. A request over a cap still runs, alone. Requests are admitted in arrival
-    order; a queued request that does not fit waits for rows to finish.
+    Memory is a budget (`memory_budget_bytes`; None: half of what the machine has at start, see
+    models/local_memory.py): the running batch's keys/values at their worst (padded to the widest row,
+    grown by the most tokens a row may still sample), an admission's prefill cache and activations, and
+    the kept prefixes stay within it. Admission caps: at most `max_batch_size` rows decode together,
+    their worst-case tokens (prompt + max_tokens each) stay under `max_batch_tokens`, and their estimated
+    peak under the budget (kept prefixes are evicted first). One prefill forward pads at most
+    `max_prefill_tokens` (longer prefills run in column chunks). Requests are admitted in arrival order;
+    a queued request that does not fit waits for rows to finish; one over a cap even alone runs alone.
 
-    `prefix_cache_bytes` bounds the keys/values kept between the turns of episodes (per request id,
-    least recently used dropped first; SmolLM2-135M in fp32 needs 46 KiB per token, so the 2 GiB default
-    holds ~45,000 tokens); 0 turns prefix reuse off. Models with sliding-window layers keep the plain
-    transformers cache: no reuse, and a running batch does not take in new requests.
+    `prefix_cache_bytes` caps the keys/values kept between the turns of episodes, within the budget
+    (per request id, least recently used dropped first; SmolLM2-135M in fp32 needs 45 KiB per token;
+    None: a quarter of the budget; 0 turns prefix reuse off). Models with sliding-window layers keep the
+    plain transformers cache: no reuse, and a running batch does not take in new requests.
 
     `version` is the policy version the weights are (a trainer's step count); `update_weights` replaces
     the weights and the version, and every `Generation` says per token which version sampled it.
@@ -78,7 +88,8 @@ class LocalEngine:
         batch_wait_s: float = 0.002,
         eos_token_ids: Iterable[int] = (),
         max_model_len: int | None = None,
-        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        prefix_cache_bytes: int | None = None,
+        memory_budget_bytes: int | None = None,
         version: int = 0,
         threads: int | None = None,
     ) -> None:
@@ -100,7 +111,10 @@ class LocalEngine:
         self._max_model_len = max_model_len
         self._eos_ids = frozenset(int(i) for i in eos_token_ids)
         self._stats = EngineStats()
-        self._prefixes = PrefixStore(prefix_cache_bytes)
+        self.memory_budget_bytes, self.memory_source = resolve_budget(memory_budget_bytes)
+        self._prefixes = PrefixStore(resolve_prefix_cap(prefix_cache_bytes, self.memory_budget_bytes))
+        self.releases_memory = release_freed_memory()
+        self._oversized: set[str] = set()  # request ids already warned about (over the budget alone)
         self._pending: collections.deque[Request] = collections.deque()
         self._updates: collections.deque[WeightUpdate] = collections.deque()
         self._version = int(version)
@@ -132,6 +146,8 @@ class LocalEngine:
             prefixes=self._prefixes,
             max_model_len=self._max_model_len or getattr(model.config, "max_position_embeddings", None),
             version=self._version,
+            prefill_tokens=self.max_prefill_tokens,
+            budget_bytes=self.memory_budget_bytes,
         )
         if not self._batches.slots:
             self._prefixes.budget_bytes = 0
@@ -139,6 +155,16 @@ class LocalEngine:
             use_gqa_attention(model)
         self.device = self._batches.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        log.info("%s", self.memory_line)
+
+    @property
+    def memory_line(self) -> str:
+        """One line saying the memory budget, where it comes from and the prefix cap (start log, doctor)."""
+        return (
+            f"local engine memory budget {gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
+            f"prefixes up to {gib(self._prefixes.budget_bytes)}; freed buffers returned to the system: "
+            f"{'yes' if self.releases_memory else 'no (not glibc)'}"
+        )
 
     # ----------------------------------------------------------------------------------- public API
 
@@ -365,8 +391,9 @@ class LocalEngine:
                 return []
             rows = len(batch.rows) if batch is not None else 0
             budget = batch.budget if batch is not None else 0
+            running = self._batches.running(batch)
             taken: list[Request] = []
-            longest = 0
+            incoming: list[Incoming] = []
             while self._pending and rows + len(taken) < self.max_batch_size:
                 request = self._pending[0]
                 if request.cancelled:
@@ -374,20 +401,33 @@ class LocalEngine:
                     self._stats.cancelled += 1
                     continue
                 reused = self._prefixes.match(request.request_id, request.prompt_ids)
-                n = len(request.prompt_ids) - reused  # what this prefill runs
-                fits = (
-                    budget + request.budget <= self.max_batch_tokens
-                    and (len(taken) + 1) * max(longest, n) <= self.max_prefill_tokens
-                )
-                if not fits and (taken or rows):  # an oversized request still runs, alone
+                arriving = Incoming(len(request.prompt_ids), reused, request.sampling.max_tokens)
+                peak = self._peak(running, [*incoming, arriving])
+                fits = budget + request.budget <= self.max_batch_tokens and peak <= self.memory_budget_bytes
+                if not fits and (taken or rows):  # waits for rows to finish
                     break
+                if not fits and request.request_id not in self._oversized:
+                    self._oversized.add(request.request_id)
+                    log.warning(
+                        "LocalEngine: request %r needs ~%s, over the memory budget %s: it runs alone",
+                        request.request_id,
+                        gib(peak),
+                        gib(self.memory_budget_bytes),
+                    )
                 taken.append(self._pending.popleft())
+                incoming.append(arriving)
                 # The request owns its episode's prefix from here: a failure or cancellation drops it.
                 request.prefix = self._prefixes.take(request.request_id, request.prompt_ids)
                 request.reused = reused
                 budget += request.budget
-                longest = max(longest, n)
+                # Running work first: kept prefixes get what the admitted work leaves of the budget.
+                self._prefixes.fit(self.memory_budget_bytes - peak)
             return taken
+
+    def _peak(self, running: Any, incoming: list[Incoming]) -> int:
+        """Estimated peak bytes of admitting `incoming` next to `running` (0 without a slot cache)."""
+        plan = self._batches.plan
+        return plan.admission_peak(running, incoming, self.max_prefill_tokens) if plan is not None else 0
 
     def _due_update(self, batch: Batch | None) -> WeightUpdate | None:
         """The next weight update to apply now: any when idle, only an interrupting one mid-batch."""
@@ -479,16 +519,27 @@ async def doctor_check(spec: str | None = None, generate: bool = True) -> list[t
 
 
 async def _build(arg: str, config: ModelConfig) -> LocalEngine:
-    return await LocalEngine.create(
+    engine = await LocalEngine.create(
         arg or None,
         max_batch_size=config.max_batch_size,
         device=config.device,
         prefix_cache_bytes=config.prefix_cache_bytes,
+        memory_budget_bytes=config.memory_budget_bytes,
     )
+    print(engine.memory_line, file=sys.stderr, flush=True)  # a run's start says what it may use
+    return engine
+
+
+def memory_check(config: ModelConfig) -> tuple[str, bool | None, str]:
+    """`uniagent doctor`'s row for the budget a local engine built from `config` would get here."""
+    budget, source = resolve_budget(config.memory_budget_bytes)
+    cap = resolve_prefix_cap(config.prefix_cache_bytes, budget)
+    detail = f"{gib(budget)} ({source}); kept prefixes up to {gib(cap)} (model.memory_budget_bytes)"
+    return ("engine local memory budget", budget > 0, detail)
 
 
 async def _doctor(arg: str, config: ModelConfig, quick: bool) -> list[tuple[str, bool | None, str]]:
-    return await doctor_check(arg or None, generate=not quick)
+    return [*(await doctor_check(arg or None, generate=not quick)), memory_check(config)]
 
 
 # `local` (the packaged SmolLM2) or `local:PATH` (a model directory or .gguf file), loaded here.

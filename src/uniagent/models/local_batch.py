@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from uniagent.errors import EngineError
+from uniagent.models import kv
 from uniagent.models.base import FinishReason, Generation, SamplingParams
 from uniagent.models.kv import (
     MIN_SHARED,
@@ -42,6 +43,7 @@ from uniagent.models.kv import (
     common_prefix,
     supports_slots,
 )
+from uniagent.models.local_memory import MemoryPlan, Running
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -155,6 +157,9 @@ class BatchRunner:
     row at the model's context. `version` tags every token sampled (the engine sets it when it applies a
     weight update). Models with sliding-window layers (`slots` False) keep the plain
     transformers cache: no prefix reuse, and a running batch does not take in new requests.
+    `prefill_tokens` caps the padded tokens of one prefill forward: longer prefills run in column
+    chunks. `budget_bytes` is the engine's memory budget: after rows finish, kept prefixes are cut
+    to what the running batch leaves of it (models/local_memory.py).
     """
 
     def __init__(
@@ -166,6 +171,8 @@ class BatchRunner:
         prefixes: PrefixStore,
         max_model_len: int | None,
         version: int = 0,
+        prefill_tokens: int = 16384,
+        budget_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.version = version
@@ -176,6 +183,42 @@ class BatchRunner:
         self._forward = forward
         self._stats = stats
         self._prefixes = prefixes
+        self.prefill_tokens = prefill_tokens
+        self.budget_bytes = budget_bytes
+        self.plan = MemoryPlan.of(self.dims, model.config, _SPARE, kv._CHUNK) if self.dims else None
+
+    def running(self, batch: Batch | None) -> Running | None:
+        """The running batch as admission sees it (None: nothing runs, or no slot cache)."""
+        if batch is None or not self.slots:
+            return None
+        left = max(row.request.sampling.max_tokens - len(row.token_ids) for row in batch.rows)
+        return Running(len(batch.rows), batch.cache.capacity, batch.cache.length, left)
+
+    def _run_columns(
+        self, cache: SlotCache, ids: list[list[int]], positions: list[list[int]], new: Any
+    ) -> Any:
+        """Run a prefill's columns into `cache` in chunks of at most `prefill_tokens` padded tokens (an
+        attention mask and activations of [rows, chunk] instead of [rows, width]); the last chunk's
+        logits. Each chunk attends to the columns before it, so the result is the unchunked one up to
+        float noise."""
+        rows, width = len(ids), len(ids[0])
+        step = self.plan.chunk_columns(rows, self.prefill_tokens) if self.plan else width
+        input_ids = torch.tensor(ids, device=self.device)
+        position_ids = torch.tensor(positions, device=self.device)
+        out = None
+        for a in range(0, width, step):
+            b = min(width, a + step)
+            out = self._forward(
+                input_ids=input_ids[:, a:b],
+                attention_mask=cache.attention_mask(new[:, a:b]),
+                position_ids=position_ids[:, a:b],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache.advance(b - a)
+        assert out is not None
+        return out.logits[:, -1, :]
 
     def step(self, batch: Batch | None, admitted: list[Request]) -> Batch | None:
         """Admit new requests, then run one decode step. An error fails the rows it touched only."""
@@ -233,19 +276,20 @@ class BatchRunner:
                     values = [v[:, : r.reused] for v in r.prefix.values]
                     cache.place(i, keys, values, end=past)
                 r.prefix = None  # placed (or not reusable): the store's copy is no longer needed
-            mask = cache.attention_mask(new_mask)
+            logits = self._run_columns(cache, ids, positions, new_mask)
         else:
             from transformers import DynamicCache
 
-            cache, mask = DynamicCache(config=self.model.config), new_mask
-        out = self._forward(
-            input_ids=torch.tensor(ids, device=self.device),
-            attention_mask=mask,
-            position_ids=torch.tensor(positions, device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+            cache = DynamicCache(config=self.model.config)
+            out = self._forward(
+                input_ids=torch.tensor(ids, device=self.device),
+                attention_mask=new_mask,
+                position_ids=torch.tensor(positions, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1, :]
         self._stats.prefill_batches += 1
         self._stats.prefill_tokens += sum(new_row.count(1) for new_row in new)
         hits = [r for r in requests if r.reused]
@@ -255,9 +299,8 @@ class BatchRunner:
             _Row(request=r, generator=r.generator if r.generator is not None else self._generator(r.sampling))
             for r in requests
         ]
-        self._accept(rows, out.logits[:, -1, :])
+        self._accept(rows, logits)
         if self.slots:
-            cache.advance(width)
             return Batch(rows=rows, cache=cache)
         return Batch(rows=rows, cache=out.past_key_values, mask=new_mask.long())
 
@@ -277,16 +320,8 @@ class BatchRunner:
             return
         assert self.dims is not None
         cache = SlotCache(self.dims, 1, n)
-        mask = cache.attention_mask(torch.ones((1, n), dtype=torch.bool, device=self.device))
-        self._forward(
-            input_ids=torch.tensor([ids[:n]], device=self.device),
-            attention_mask=mask,
-            position_ids=torch.arange(n, device=self.device)[None],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache.advance(n)
+        new = torch.ones((1, n), dtype=torch.bool, device=self.device)
+        self._run_columns(cache, [list(ids[:n])], [list(range(n))], new)
         keys, values = cache.row_kv(0)
         shared = Prefix(ids=list(ids[:n]), keys=keys, values=values)
         self._stats.prefill_batches += 1
@@ -391,6 +426,7 @@ class BatchRunner:
     def _merge(self, batch: Batch, joined: Batch) -> Batch:
         """Stack two batches (one copy of both caches, right-aligned: see `SlotCache.merge`)."""
         spare = min(max(row.request.sampling.max_tokens for row in batch.rows + joined.rows), _SPARE) + 1
+        # Consumes both caches (layer by layer: see `SlotCache.merge`).
         return Batch(rows=batch.rows + joined.rows, cache=SlotCache.merge(batch.cache, joined.cache, spare))
 
     def _compact(self, batch: Batch) -> Batch | None:
@@ -404,6 +440,7 @@ class BatchRunner:
                 if row.finish is not None:
                     self._keep_prefix(batch.cache, i, row)
         if not keep:
+            self._fit_prefixes(None)
             return None
         if self.slots:
             batch.cache.select(keep)
@@ -413,7 +450,14 @@ class BatchRunner:
             batch.cache.batch_select_indices(index)
             batch.mask = batch.mask[index]
         batch.rows = [batch.rows[i] for i in keep]
+        self._fit_prefixes(batch)
         return batch
+
+    def _fit_prefixes(self, batch: Batch | None) -> None:
+        """Kept prefixes get what the running batch, at its widest, leaves of the memory budget."""
+        if self.budget_bytes is None or self.plan is None or not self._prefixes.nbytes:
+            return
+        self._prefixes.fit(self.budget_bytes - self.plan.admission_peak(self.running(batch), [], 0))
 
     def _keep_prefix(self, cache: SlotCache, index: int, row: _Row) -> None:
         """Store what row `index` has in the cache: its prompt and every generated token but the last
