@@ -280,7 +280,8 @@ class SummarizedBy:
 
     async def run(self, episode: Episode) -> EpisodeResult:
         loop = AgentInteraction(episode.model, episode.tools, episode.config, summarizer=self.summarizer)
-        return await loop.run(episode.task.messages(), episode.sandbox, verifier=episode.task.score)
+        # Graded by `run_episode`, as every agent's episode is (uniagent.tasks.grading).
+        return await loop.run(episode.task.messages(), episode.sandbox)
 
 
 @needs_bwrap
