@@ -8,35 +8,18 @@ import asyncio
 
 import pytest
 
-from uniagent.models.base import SamplingParams
+from engine_helpers import IM_END, QUESTIONS, chat_prompt, greedy
 from uniagent.models.config import ModelConfig
 from uniagent.models.local import LocalEngine, memory_check
 from uniagent.models.local_memory import Incoming, MemoryPlan, Running, machine_available, resolve_budget
 
-IM_END = 2
-QUESTIONS = [
-    "Hi",
-    "What is the capital of France? Answer in one word please.",
-    "Write a haiku about the sea, the sky and the moon, with plenty of detail in every line.",
-    "2+2=?",
-    "Name three colours.",
-    "Tell me a joke about computers that a child would understand.",
-]
-
-
-def greedy(max_tokens: int = 16) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[IM_END])
+# The first six of the shared questions; turns of 16 tokens unless a test says otherwise.
+MEMORY_QUESTIONS = QUESTIONS[:6]
 
 
 @pytest.fixture(scope="module")
 def prompts(smol_tokenizer) -> list[list[int]]:
-    out = []
-    for q in QUESTIONS:
-        text = smol_tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-        )
-        out.append(smol_tokenizer(text, add_special_tokens=False)["input_ids"])
-    return out
+    return [chat_prompt(smol_tokenizer, q) for q in MEMORY_QUESTIONS]
 
 
 def watch_bytes(engine: LocalEngine) -> list[int]:
@@ -64,12 +47,12 @@ async def test_a_small_budget_queues_requests_all_complete_and_match_an_unconstr
         one = plan.admission_peak(None, [Incoming(max(map(len, prompts)), 0, 16)], tight.max_prefill_tokens)
         assert 2 * one < small < len(prompts) * one  # the budget is what limits the batch
         expected = await asyncio.gather(
-            *(free.generate(p, greedy(), f"free-{i}") for i, p in enumerate(prompts))
+            *(free.generate(p, greedy(16), f"free-{i}") for i, p in enumerate(prompts))
         )
         assert free.stats.max_rows == len(prompts)
         seen = watch_bytes(tight)
         got = await asyncio.gather(
-            *(tight.generate(p, greedy(), f"tight-{i}") for i, p in enumerate(prompts))
+            *(tight.generate(p, greedy(16), f"tight-{i}") for i, p in enumerate(prompts))
         )
         stats = tight.stats
         assert stats.completed == len(prompts) and stats.failed == 0
