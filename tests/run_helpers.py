@@ -50,3 +50,18 @@ def write_replay(
                 lines.append(json.dumps(rec.to_json()))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def replay_run_args(
+    replay: Path, out: Path, ids: list[str], *, samples: int | None = None, concurrency: int = 2,
+    sets: list[str] = (),
+) -> list[str]:  # fmt: skip
+    """`uniagent run` arguments for starter tasks `ids` with a replay model, written to `out`
+    (`sets`: extra `--set KEY=VALUE` overrides, after `tasks.ids`)."""
+    args = ["run", "--tasks", "builtin:starter", "--model", f"replay:{replay}"]
+    if samples is not None:
+        args += ["--samples", str(samples)]
+    args += ["--concurrency", str(concurrency), "--output", str(out), "--set", f"tasks.ids=[{','.join(ids)}]"]
+    for item in sets:
+        args += ["--set", item]
+    return args

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_bwrap, require_module
-from run_helpers import write_replay
+from run_helpers import replay_run_args, write_replay
 from uniagent.runner import RunStore, summarize
 from uniagent.runner.summary import pass_at_k
 from uniagent.tasks import load_tasks
@@ -93,23 +93,7 @@ def test_kill_9_mid_run_then_resume_stores_every_pair_once(tmp_path: Path, codec
     replay = write_replay(tmp_path / "replay.jsonl", codec, tasks, samples=2)
     ids = ",".join(t.instance_id for t in tasks)
     out = tmp_path / "run"
-    args = [
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{replay}",
-        "--samples",
-        "2",
-        "--concurrency",
-        "2",
-        "--output",
-        str(out),
-        "--set",
-        "model.replay_delay_s=0.4",
-        "--set",
-        f"tasks.ids=[{ids}]",
-    ]
+    args = replay_run_args(replay, out, ids.split(","), samples=2, sets=["model.replay_delay_s=0.4"])
     proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     db = out / "run.db"
     deadline = time.monotonic() + 180

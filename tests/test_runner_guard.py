@@ -19,7 +19,7 @@ import pytest
 
 from conftest import needs_bwrap, require_module
 from dashboard_helpers import free_port as closed_port  # free, so nothing listens
-from run_helpers import write_replay
+from run_helpers import replay_run_args, write_replay
 from uniagent.errors import PreflightError
 from uniagent.models.factory import ModelFactory
 from uniagent.runner import RunStore, build_config
@@ -120,21 +120,7 @@ def test_uniform_failures_stop_the_run_and_resume_completes_it(tmp_path: Path, s
     replay = tmp_path / "replay.jsonl"
     replay.write_text("")
     out = tmp_path / "run"
-    args = [
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{replay}",
-        "--concurrency",
-        "2",
-        "--output",
-        str(out),
-        "--set",
-        f"tasks.ids=[{ids}]",
-        "--set",
-        "runner.stop_after_infra_failures=2",
-    ]
+    args = replay_run_args(replay, out, ids.split(","), sets=["runner.stop_after_infra_failures=2"])
     proc = uniagent(*args)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

@@ -24,7 +24,7 @@ import pytest
 import leftovers
 from agent_helpers import call
 from conftest import needs_bwrap
-from run_helpers import write_replay
+from run_helpers import replay_run_args, write_replay
 from uniagent.runner import RunStore
 from uniagent.sandbox import cgroups, procs
 from uniagent.tasks import load_tasks
@@ -74,21 +74,7 @@ def _interrupt_mid_run(tmp_path: Path, codec: ChatCodec, sig: signal.Signals, ta
     slow = call("bash", command=f"sh -c 'sleep 3; echo slept' {mark}")
     replay = write_replay(tmp_path / "replay.jsonl", codec, chosen, samples=SAMPLES, first=[slow])
     out = tmp_path / "run"
-    args = [
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{replay}",
-        "--samples",
-        str(SAMPLES),
-        "--concurrency",
-        "2",
-        "--output",
-        str(out),
-        "--set",
-        f"tasks.ids=[{','.join(t.instance_id for t in chosen)}]",
-    ]
+    args = replay_run_args(replay, out, [t.instance_id for t in chosen], samples=SAMPLES)
     session = f"stop-{secrets.token_hex(4)}"
     env = {**os.environ, leftovers.MARKER: session}
     proc = subprocess.Popen(
