@@ -25,7 +25,6 @@ import platform
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -187,11 +186,9 @@ def torch_choice(refresh: bool = False) -> TorchChoice:
     if not refresh:
         with contextlib.suppress(OSError, ValueError, TypeError):
             return TorchChoice(**json.loads(path.read_text()))
-    t0 = time.perf_counter()
     choice = probe_torch()
-    data = asdict(choice) | {"probed_s": round(time.perf_counter() - t0, 2)}
     with contextlib.suppress(OSError):
-        write_json_atomic(path, {k: v for k, v in data.items() if k in TorchChoice.__dataclass_fields__})
+        write_json_atomic(path, asdict(choice))
     return choice
 
 

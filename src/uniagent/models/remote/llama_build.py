@@ -193,7 +193,7 @@ def verified(binary: Path, check: Callable[[str], Smoke] | None = None) -> Smoke
     if isinstance(seen, dict) and "ok" in seen:
         return Smoke(bool(seen["ok"]), str(seen.get("detail", "")))
     result = (check or smoke)(str(binary))
-    records = read_json(stamp)
+    records = read_json(stamp)  # read again: another process may have recorded its CPU meanwhile
     records[cpu.cpu_id()] = result.to_dict()
     with contextlib.suppress(OSError):
         write_json_atomic(stamp, records)
