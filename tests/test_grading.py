@@ -85,10 +85,19 @@ async def test_a_background_process_rewriting_the_tests_cannot_reach_fresh_gradi
     assert res.exit_reason == ExitReason.FINISHED and res.trainable
     assert res.metrics["graded_in"] == "fresh" and "grade_sandbox_s" in res.metrics
     assert res.reward is not None and not res.resolved, res.reward.details.get("log_tail")
-    # The same agent graded where it acted: its process rewrites the hidden tests and passes.
-    same = await _episode(task, codec, REWRITER, grade_in="same")
-    assert same.metrics["graded_in"] == "same"
-    assert same.resolved or same.exit_reason == ExitReason.VERIFIER_ERROR, "the cheat reaches `same`"
+    # The same agent graded where it acted: its process rewrites the hidden tests and passes. The
+    # rewrite races the grader's pytest (it must land between the hidden test's copy and pytest
+    # reading the file), which a loaded machine can lose; the cheat reaching `same` once in a few
+    # tries is what shows the test bites, while `fresh` above must hold every time.
+    outcomes = []
+    for _ in range(5):
+        same = await _episode(task, codec, REWRITER, grade_in="same")
+        assert same.metrics["graded_in"] == "same"
+        outcomes.append(same.exit_reason)
+        if same.resolved or same.exit_reason == ExitReason.VERIFIER_ERROR:
+            break
+    else:
+        pytest.fail(f"the cheat never reached `same` in 5 tries: {outcomes}")
 
 
 async def test_a_module_outside_the_workspace_that_the_tests_import_cannot_reach_fresh_grading(
