@@ -96,3 +96,30 @@ def test_many_spawns_at_once_all_exit() -> None:
         return list(await asyncio.gather(*[c.wait() for c in children]))
 
     assert asyncio.run(go()) == [i % 3 for i in range(60)]
+
+
+def test_a_cancelled_run_to_end_kills_its_child_and_what_it_forked() -> None:
+    """A host helper (the `cp` that fills a workspace) cancelled with its episode must not go on
+    writing into the directories the stop removes: that left a workspace behind after SIGTERM."""
+
+    async def go() -> list[int]:
+        run = asyncio.ensure_future(procs.run_to_end("sh", "-c", "sleep 3301 & sleep 3302; wait"))
+        pids: list[int] = []
+        for _ in range(200):
+            pids = procs.pids_with_arg("3301") + procs.pids_with_arg("3302")
+            if len(pids) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(pids) == 2, "the child never started"
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        return pids
+
+    pids = asyncio.run(go())
+    assert not [p for p in pids if procs.alive(p)]
+    assert asyncio.run(_run_true()) == 0
+
+
+async def _run_true() -> int:
+    return await procs.run_to_end("true")

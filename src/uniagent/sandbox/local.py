@@ -71,8 +71,7 @@ async def _copy_tree(src: Path, dest: Path) -> None:
     if cp is not None:
         null = asyncio.subprocess.DEVNULL
         argv = [cp, "-RP", "--preserve=mode,timestamps", "--", f"{src}/.", str(dest)]
-        proc = await procs.spawn(*argv, stdin=null, stdout=null, stderr=null)
-        if await proc.wait() == 0:
+        if await procs.run_to_end(*argv, stdin=null, stdout=null, stderr=null) == 0:
             return
     await asyncio.to_thread(shutil.copytree, src, dest, symlinks=True, dirs_exist_ok=True)
 

@@ -176,6 +176,18 @@ async def spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
         raise
 
 
+async def run_to_end(*argv: str, **kwargs: object) -> int:
+    """`spawn` and wait for the exit status; a cancelled wait kills the child (and what it
+    forked) before the cancellation goes on. A host helper left running after its episode was
+    stopped (a `cp` filling a workspace) writes into the directories the stop is removing."""
+    proc = await spawn(*argv, **kwargs)
+    try:
+        return await proc.wait()
+    except asyncio.CancelledError:
+        await kill_process_tree(proc)
+        raise
+
+
 async def kill_process(proc: asyncio.subprocess.Process, wait_s: float = 5.0) -> None:
     """SIGKILL an asyncio child, close our pipe ends and wait (bounded) until it is reaped.
 
