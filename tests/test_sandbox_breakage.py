@@ -28,6 +28,26 @@ from uniagent.tokens import ChatCodec
 pytestmark = needs_bwrap
 
 SMALL = {"type": "local", "limits": {"pids": 64, "memory_mb": 256}}
+# Takes every pid the limit allows and keeps them: a daemon forks sleepers until a fork fails,
+# then tells the command it is full and takes back any pid that frees (the command's own first).
+HOG = """python3 - <<'EOF'
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    told = False
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(3203)
+                os._exit(0)
+        except OSError:
+            if not told:
+                os.write(w, b"full")
+                told = True
+            time.sleep(0.01)
+os.read(r, 4)
+EOF"""
 
 
 class Recorded(SweTask):
@@ -50,37 +70,49 @@ def task() -> Recorded:
 
 
 async def _episode(
-    task: SweTask, codec: ChatCodec, command: str, sandbox: dict[str, Any] | None = None
+    task: SweTask, codec: ChatCodec, command: str, sandbox: dict[str, Any] | None = None, *, then: bool = True
 ) -> Any:
-    script = [call("bash", command=command), call("bash", command="ls"), call("submit")]
+    """`command`, then (unless `then` is False) an `ls` that meets what it left, then submit."""
+    script = [call("bash", command=command), *([call("bash", command="ls")] if then else []), call("submit")]
     return await run_episode(task, scripted_model(codec, script), AgentConfig(max_turns=4), sandbox)
 
 
 def _policy_zero(res: Any, reason: ExitReason) -> None:
-    assert res.exit_reason == reason, (res.exit_reason, res.error)
+    tools = [m["content"][-300:] for m in res.messages if m.get("role") == "tool"]
+    assert res.exit_reason == reason, (res.exit_reason, res.error, tools)
     assert res.trainable and res.reward is not None and res.reward.value == 0.0 and not res.resolved
     assert res.reward.details["broken"] == res.error
 
 
-@pytest.mark.xfail(
-    reason="open defect: after merging the SIGTERM stop work, `kill -9 -1` leaves the episode `finished` "
-    "(passed on the fresh-grading branch alone); see the issue 25 closing note",
-    strict=False,
-)
 async def test_kill_minus_one_is_sandbox_broken_trained_on_at_zero(task: SweTask, codec: ChatCodec) -> None:
     res = await _episode(task, codec, "kill -9 -1")
     _policy_zero(res, ExitReason.SANDBOX_BROKEN)
     assert "killed from inside" in (res.error or "")
 
 
-@pytest.mark.xfail(
-    reason="open defect: flaky after the merges, sometimes ends `finished` (see the issue 25 closing note)",
-    strict=False,
-)
-async def test_a_fork_bomb_held_by_the_pids_limit_is_sandbox_broken(task: SweTask, codec: ChatCodec) -> None:
-    res = await _episode(task, codec, ":(){ :|:& };:", SMALL)
+async def test_every_pid_held_by_the_agent_is_sandbox_broken(task: SweTask, codec: ChatCodec) -> None:
+    """The pids limit exhausted and held (nothing frees a pid): the final state cannot be taken,
+    and the limit the agent hit is why. (No `ls` between: each fork bash retries for ~15 s.)"""
+    res = await _episode(task, codec, HOG, SMALL, then=False)
     _policy_zero(res, ExitReason.SANDBOX_BROKEN)
     assert "process limit" in (res.error or "")
+
+
+async def test_a_fork_bomb_held_by_the_pids_limit_is_trained_on_at_zero(
+    task: SweTask, codec: ChatCodec
+) -> None:
+    """A fork bomb churns: its processes die as forks fail and others take their pids, so the
+    agent's next commands and the final state get a pid, or not, by chance. Either way it is the
+    policy's outcome, trained on at 0: `sandbox_broken` naming the limit when the final state could
+    not be taken, else graded as any episode (`finished`) with the hit in its metrics."""
+    res = await _episode(task, codec, ":(){ :|:& };:", SMALL)
+    if res.exit_reason == ExitReason.SANDBOX_BROKEN:
+        _policy_zero(res, ExitReason.SANDBOX_BROKEN)
+        assert "process limit" in (res.error or "")
+    else:
+        assert res.exit_reason == ExitReason.FINISHED, (res.exit_reason, res.error)
+        assert res.trainable and res.reward is not None and res.reward.value == 0.0
+        assert res.metrics["sandbox_limits_hit"]["pids_max"] >= 1
 
 
 async def test_rm_rf_of_the_repository_is_workspace_destroyed(task: SweTask, codec: ChatCodec) -> None:
