@@ -7,27 +7,30 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
 
-# Layer -> rank. A module may import its own layer and lower ranks only.
+# Layer -> rank, the real floors: a module may import its own layer and lower ranks only. Above
+# the episode stack (agent, tasks) stand the runners and fronts, then what drives them: the trainer,
+# then the integrations that plug the trainer into outside frameworks (verl imports train; train
+# never imports verl), then the commands that put everything together.
 RANK = {
     "errors": 0,
-    "cpu": 0,
     "jsonio": 0,
-    "redact": 1,
+    "cpu": 1,
     "tokens": 1,
     "parsers": 1,
     "sandbox": 1,
+    "redact": 2,
     "models": 2,
     "tools": 2,
     "agent": 3,
     "tasks": 4,
     "runner": 5,
     "gateway": 5,
-    "dashboard": 6,
     "train": 6,
-    "integrations": 6,
-    "demo": 6,
-    "doctor": 6,
-    "cli": 7,
+    "dashboard": 7,
+    "integrations": 7,
+    "demo": 8,
+    "doctor": 8,
+    "cli": 9,
 }
 
 

@@ -1,4 +1,5 @@
-"""The `uniagent train` command: `--engine local` trains here, `--engine verl` hands off to verl.
+"""The `uniagent train` command: `--engine local` trains here; another engine (`verl`) is an
+integration's, which adds itself to `ENGINES`.
 
 Kept import-light: `uniagent --help` must not pay for torch or verl, so everything heavy is
 imported inside the command body.
@@ -6,25 +7,24 @@ imported inside the command body.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 
 from uniagent.errors import UniAgentError
 
 
-def _verl_launch():
-    """The verl launcher, or a clear error when that integration is not in this checkout."""
-    try:
-        from uniagent.integrations.verl import launch
-    except ModuleNotFoundError as exc:
-        raise UniAgentError(
-            f"--engine verl needs uniagent.integrations.verl.launch, which is not available here ({exc}); "
-            "use --engine local, or install/update uniagent with the verl integration"
-        ) from None
-    return launch
+class TrainEngine(Protocol):
+    """An outside trainer `uniagent train --engine NAME` hands off to: the recipe or config
+    given, the `--set` overrides, and whether to print its launch command instead of running."""
+
+    def __call__(self, config: str | None, overrides: list[str], print_only: bool) -> None: ...
+
+
+# `--engine` values other than `local`, filled by the integrations themselves when `uniagent.cli`
+# registers their commands (the verl integration adds `verl`): train never imports above itself.
+ENGINES: dict[str, TrainEngine] = {}
 
 
 def train(
@@ -50,23 +50,13 @@ def train(
 
     console = Console()
     set_ = list(set_ or [])
-    if engine == "verl":
-        launch = _verl_launch()
-        recipe = str(config) if config is not None else None
-        if recipe is None:
-            raise UniAgentError("--engine verl needs --config RECIPE")
-        if print_only:
-            command = launch.build_command(recipe, list(set_))
-            typer.echo(command if isinstance(command, str) else shlex.join(str(c) for c in command))
-            return
-        code = launch.launch(recipe, list(set_))
-        if code:
-            raise typer.Exit(code)
+    if engine in ENGINES:
+        ENGINES[engine](str(config) if config is not None else None, set_, print_only)
         return
     if engine != "local":
-        raise UniAgentError(f"--engine {engine!r}: use local or verl")
+        raise UniAgentError(f"--engine {engine!r}: use one of {', '.join(['local', *sorted(ENGINES)])}")
     if print_only:
-        raise UniAgentError("--print is for --engine verl (the local trainer has no external command)")
+        raise UniAgentError("--print is for an outside engine such as verl (local has no external command)")
     from uniagent.train.config import build_train_config
     from uniagent.train.local import CURVE, METRICS, run_local
 

@@ -17,8 +17,27 @@ from rich.table import Table
 console = Console()
 
 
+def train_verl(config: str | None, overrides: list[str], print_only: bool) -> None:
+    """`uniagent train --engine verl`: launch (or print) verl's trainer on a recipe."""
+    from uniagent.errors import UniAgentError
+    from uniagent.integrations.verl import launch
+
+    if config is None:
+        raise UniAgentError("--engine verl needs --config RECIPE")
+    if print_only:
+        typer.echo(shlex.join(str(c) for c in launch.build_command(config, list(overrides))))
+        return
+    code = launch.launch(config, list(overrides))
+    if code:
+        raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `data` and `verl` command groups to the `uniagent` app."""
+    """Add the `data` and `verl` command groups to the `uniagent` app, and `verl` as an engine
+    of `uniagent train`."""
+    from uniagent.train.cli import ENGINES
+
+    ENGINES["verl"] = train_verl
     data_app = typer.Typer(help="Turn task files into training data.", no_args_is_help=True)
     verl_app = typer.Typer(help="Train with verl: recipes and their launch commands.", no_args_is_help=True)
     app.add_typer(data_app, name="data")
