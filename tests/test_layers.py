@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
 RANK = {
     "errors": 0,
     "jsonio": 0,
+    "config": 0,
     "cpu": 1,
     "tokens": 1,
     "parsers": 1,

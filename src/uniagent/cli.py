@@ -136,7 +136,7 @@ def verify(
     """Grade predictions in sandboxes and write DIR/report.json."""
     from rich.progress import Progress
 
-    from uniagent.runner.config import set_dotted
+    from uniagent.config import set_dotted
     from uniagent.tasks import load_tasks
     from uniagent.tasks.swe import SweTask
     from uniagent.tasks.verify import load_predictions

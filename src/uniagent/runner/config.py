@@ -1,4 +1,5 @@
-"""One YAML config for a run, plus dotted overrides (`--set model.temperature=0.7`).
+"""One YAML config for a run, plus dotted overrides (`--set model.temperature=0.7`), loaded by
+the one config loader (`uniagent.config`).
 
 Every section is a pydantic model with `extra="forbid"`, so a misspelt key is an error that
 names it, never a silently ignored setting.
@@ -7,17 +8,15 @@ names it, never a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.registry import AgentKind
-from uniagent.errors import ConfigError
+from uniagent.config import build
 from uniagent.models.config import ModelConfig
-
-M = TypeVar("M", bound=BaseModel)
+from uniagent.sandbox.config import SandboxSection
 
 
 class TasksConfig(BaseModel):
@@ -63,7 +62,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
-    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
@@ -74,69 +73,7 @@ class RunConfig(BaseModel):
     )
 
 
-def set_dotted(data: dict[str, Any], key: str, raw: str) -> None:
-    """`a.b.c=value`, the value parsed as YAML (numbers, booleans, lists work)."""
-    parts = key.split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {key}: empty key segment")
-    node = data
-    for part in parts[:-1]:
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"--set {key}: {part} is not a section")
-        node = nxt
-    try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        node[parts[-1]] = raw
-
-
-def load_config_data(
-    path: Path | None = None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A YAML file (optional), then flags, then `KEY=VALUE` overrides, as one nested dict."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).exists():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping")
-    for key, value in (flags or {}).items():
-        if value is not None:
-            set_dotted(data, key, value if isinstance(value, str) else yaml.safe_dump(value).strip())
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        set_dotted(data, key.strip(), value)
-    return data
-
-
-def validate_config(model: type[M], data: dict[str, Any]) -> M:
-    """Validate; the first error becomes one line naming the key. A `sandbox` section is
-    checked against the sandbox union too."""
-    try:
-        cfg = model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"config {where}: {err['msg']}") from None
-    sandbox = getattr(cfg, "sandbox", None)
-    if sandbox is not None:
-        from uniagent.sandbox import parse_config
-
-        try:
-            parse_config(sandbox)
-        except ConfigError as exc:
-            raise ConfigError(f"config {exc}") from None
-    return cfg
-
-
 def build_config(
     path: Path | None = None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
 ) -> RunConfig:
-    return validate_config(RunConfig, load_config_data(path, overrides, flags))
+    return build(RunConfig, path, overrides, flags)

@@ -8,10 +8,11 @@ anything weaker is an explicit choice in the config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from uniagent.config import first_error
 from uniagent.errors import ConfigError
 
 
@@ -134,12 +135,20 @@ def parse_config(config: Any) -> SandboxConfig:
     try:
         return adapter().validate_python(data)  # type: ignore[no-any-return]
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = list(err["loc"])
-        if loc and loc[0] == data["type"]:
-            loc = loc[1:]  # the union's tag, not a key the user wrote
-        where = ".".join(str(p) for p in loc) or "type"
-        raise ConfigError(f"sandbox.{where}: {err['msg']}") from None
+        loc = exc.errors()[0]["loc"]
+        tagged = bool(loc) and loc[0] == data["type"]  # the union's tag, not a key the user wrote
+        raise ConfigError(f"sandbox.{first_error(exc, skip=int(tagged), where='type')}") from None
+
+
+def _checked_section(section: dict[str, Any]) -> dict[str, Any]:
+    """A config's `sandbox:` section, checked against the backend registry (a `ConfigError`
+    naming the key) and kept as written: each task completes it for its own rows."""
+    parse_config(section)
+    return section
+
+
+SandboxSection = Annotated[dict[str, Any], AfterValidator(_checked_section)]
+"""The type of every settings model's `sandbox` field (run, train, the verl agent loop)."""
 
 
 def type_of(config: SandboxConfig) -> str:

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.registry import AgentKind
+from uniagent.config import build
 from uniagent.parsers.registry import known_parser
-from uniagent.runner.config import load_config_data, validate_config
+from uniagent.sandbox.config import SandboxSection
 
 
 class TrainModelConfig(BaseModel):
@@ -231,7 +232,7 @@ class TrainConfig(BaseModel):
     tasks: TrainTasksConfig = Field(default_factory=TrainTasksConfig)
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=1, max_format_errors=1))
     agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
-    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
     algo: AlgoSection = Field(default_factory=AlgoSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
@@ -239,4 +240,4 @@ class TrainConfig(BaseModel):
 
 def build_train_config(path: Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """YAML file (optional) then `KEY=VALUE` overrides, validated; errors name the bad key."""
-    return validate_config(TrainConfig, load_config_data(path, overrides))
+    return build(TrainConfig, path, overrides)

@@ -2,7 +2,7 @@
 
 Settings reach `UniAgentLoop` from two places: the keys of its agent-loop YAML entry (hydra passes
 them as kwargs) and, overriding those, the trainer config's `uniagent:` section
-(`+uniagent.agent.max_turns=20`). Both are checked here, with `runner.config.validate_config` and
+(`+uniagent.agent.max_turns=20`). Both are checked here, with `uniagent.config.validate_config` and
 the sandbox union, so a misspelt key is a one-line `ConfigError` naming it, never a run where
 every episode ends in `internal_error` and verl trains on all-zero masks.
 
@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.registry import AgentKind
+from uniagent.config import set_dotted, validate_config
 from uniagent.errors import ConfigError
 from uniagent.parsers.registry import known_parser
-from uniagent.runner.config import set_dotted, validate_config
+from uniagent.sandbox.config import SandboxSection
 
 LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
 AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
@@ -42,7 +43,7 @@ class UniAgentLoopSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox: dict[str, Any] = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
+    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="the episode's budgets")
     agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
     parser: str = Field("hermes", description="tool-call format the policy writes")
@@ -87,8 +88,9 @@ def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSetting
     if isinstance(sandbox, dict):  # check it as a row will complete it
         probe["sandbox"] = {**_ROW_FILLED.get(str(sandbox.get("type", "local")), {}), **sandbox}
     try:
-        validate_config(UniAgentLoopSettings, probe)
-        return UniAgentLoopSettings.model_validate(merged)
+        checked = validate_config(UniAgentLoopSettings, probe)
+        # the sandbox as written: each row fills in its own keys (an image) when it runs
+        return checked.model_copy(update={"sandbox": sandbox}) if "sandbox" in merged else checked
     except ConfigError as exc:
         raise ConfigError(
             f"verl agent loop {entry!r}: {exc} (set in its agent-loop YAML entry or by +uniagent.* overrides)"
