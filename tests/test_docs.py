@@ -113,3 +113,13 @@ def test_exit_reason_table_matches_the_code() -> None:
     assert set(rows) == {reason.value for reason in ExitReason}
     for reason in ExitReason:
         assert (rows[reason.value] == "policy") == reason.trainable, reason
+
+
+def test_readme_links_resolve() -> None:
+    """The README is a first visit's page: every relative link it has lands on a file."""
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    relative = [link for link in links if "://" not in link]
+    assert relative, "the README links into the manual"
+    missing = [link for link in relative if not (ROOT / link).is_file()]
+    assert not missing, missing
