@@ -13,7 +13,7 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint bench bench-train system-deps clean llama-server clis lock
+.PHONY: setup demo test lint docs bench bench-train system-deps clean llama-server clis lock
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
@@ -49,7 +49,7 @@ demo: setup system-deps
 	$(VENV)/bin/uniagent run --config configs/demo.yaml
 
 test: setup system-deps llama-server clis
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench docs/hooks
 	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 # llama.cpp's llama-server, built once from the llama-cpp-python sdist and cached outside the
@@ -65,8 +65,14 @@ clis:
 	  if [ $$rc = 3 ] && [ "$${CI:-}" != true ]; then echo "harness CLIs skipped (no node/npm)"; else exit $$rc; fi; }
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench docs/hooks
+	$(VENV)/bin/ruff format --check src tests bench docs/hooks
+
+# The user's manual (mkdocs.yml, docs/) into site/, strict: a broken link, anchor or generated
+# reference page fails it. Its INFO lines are left out; -q would also drop the warnings strict
+# mode counts. tests/test_docs.py runs the same build in `make test`.
+docs: setup
+	@set -o pipefail; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict 2>&1 | { grep -v '^INFO' || true; }
 
 bench: setup llama-server
 	$(PY) bench/codec.py
@@ -91,4 +97,4 @@ lock: setup
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
