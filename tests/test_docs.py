@@ -123,3 +123,16 @@ def test_readme_links_resolve() -> None:
     assert relative, "the README links into the manual"
     missing = [link for link in relative if not (ROOT / link).is_file()]
     assert not missing, missing
+
+
+def test_the_architecture_pages_layer_table_is_the_layer_tests() -> None:
+    """The ranks the manual shows are the ones `test_layers` enforces."""
+    from test_layers import RANK
+
+    shown: dict[str, int] = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in cells[1].split(","):
+                shown[name.strip().strip("`")] = int(cells[0])
+    assert shown == RANK

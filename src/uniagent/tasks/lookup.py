@@ -6,7 +6,7 @@ setup, never into the prompt, so a right answer means the `bash` calls ran and t
 (context tokens, mask 0 in the trajectory) were read. The base SmolLM2-135M-Instruct solves it
 sometimes, so GRPO groups carry signal from the first step (T=0.7, 40 tokens a turn, one format
 error ends the episode; 32 episodes of each bundled suite through `uniagent run`: `chain` 5/32,
-`easy` 2/32; the README's training section has the command).
+`easy` 2/32; docs/concepts/training.md has the command).
 
 Rows: `{"instance_id", "question", "files": {path: text}, "answer"}` (`family: lookup` when the
 file is not a bundled suite). `setup` writes `files` into the sandbox's workdir; the tools are
