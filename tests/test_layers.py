@@ -10,6 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
 # Layer -> rank. A module may import its own layer and lower ranks only.
 RANK = {
     "errors": 0,
+    "registry": 0,
     "cpu": 0,
     "jsonio": 0,
     "redact": 1,
