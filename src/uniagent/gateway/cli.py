@@ -27,6 +27,8 @@ def gateway_factory(spec: str, tokenizer: str | None = None, device: str = "cpu"
 
 
 def register(app: typer.Typer) -> None:
+    from uniagent.parsers.registry import PARSERS
+
     @app.command()
     def gateway(
         model: str = typer.Option(
@@ -39,7 +41,9 @@ def register(app: typer.Typer) -> None:
         token: str | None = typer.Option(
             None, "--token", envvar="UNIAGENT_GATEWAY_TOKEN", help="bearer token clients must send"
         ),
-        parser: str = typer.Option("hermes", "--parser", help="tool-call format the model writes"),
+        parser: str = typer.Option(
+            "hermes", "--parser", help=f"tool-call format the model writes: {PARSERS.choices()}"
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="replay and servers: the tokenizer's model (default: packaged SmolLM2)"
         ),
