@@ -35,7 +35,7 @@ def version() -> None:
 @app.command()
 def demo(
     model: str = typer.Option(
-        "local", help="a token-level model spec: local (packaged SmolLM2), local:PATH or PATH, vllm:URL, ..."
+        "local", help=f"a token-level model spec (local: the packaged SmolLM2): {kinds_help()}"
     ),
     turns: int = typer.Option(3, min=1, help="most model turns"),
     max_tokens: int = typer.Option(96, min=1, help="most tokens per turn"),

@@ -18,6 +18,8 @@ console = Console()
 
 
 def register(app: typer.Typer) -> None:
+    from uniagent.tasks.registry import FAMILIES
+
     """Add the `data` and `verl` command groups to the `uniagent` app."""
     data_app = typer.Typer(help="Turn task files into training data.", no_args_is_help=True)
     verl_app = typer.Typer(help="Train with verl: recipes and their launch commands.", no_args_is_help=True)
@@ -35,7 +37,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed of the train/validation shuffle"),
         agent_name: str = typer.Option("uniagent", help="agent-loop entry that runs the rows"),
         data_source: str | None = typer.Option(None, help="verl data_source (default uniagent/FAMILY)"),
-        family: str | None = typer.Option(None, help="task family, when it cannot be detected"),
+        family: str | None = typer.Option(
+            None, help=f"task family, when it cannot be detected: {' | '.join(FAMILIES)}"
+        ),
         limit: int | None = typer.Option(None, min=1, help="only the first N tasks"),
         ids: list[str] | None = typer.Option(None, "--id", help="only these task ids (repeat the flag)"),
     ) -> None:
