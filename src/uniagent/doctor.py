@@ -47,13 +47,13 @@ INTEGRATIONS = Registry(
 
 def table_checks() -> list[tuple[str, str, bool]]:
     """(row name when the check cannot run, `"module:func"`, required) of every table line with a
-    doctor check: sandbox backends (the default one required), harness agents, integrations."""
+    doctor check: sandbox backends (the default one required), integrations, harness agents."""
     from uniagent.agent.registry import AGENTS
     from uniagent.sandbox.registry import BACKENDS
 
     out = [(f"sandbox {n}", ref, n == DEFAULT_SANDBOX) for n, ref in BACKENDS.doctor_checks()]
-    out += [(f"agent {n}", ref, False) for n, ref in AGENTS.doctor_checks()]
     out += [(n, ref, False) for n, ref in INTEGRATIONS.doctor_checks()]
+    out += [(f"agent {n}", ref, False) for n, ref in AGENTS.doctor_checks()]
     return out
 
 
