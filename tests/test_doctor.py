@@ -123,6 +123,7 @@ async def test_every_sandbox_backend_has_its_own_check() -> None:
 
     assert sandbox_types() == list(BACKENDS)
     for kind, backend in BACKENDS.items():
+        assert backend.doctor == f"{backend.module}:doctor_check", kind
         assert callable(importlib.import_module(backend.module).doctor_check), kind
 
 

@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
 # never imports verl), then the commands that put everything together.
 RANK = {
     "errors": 0,
+    "registry": 0,
     "jsonio": 0,
     "config": 0,
     "cpu": 1,

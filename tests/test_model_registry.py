@@ -35,11 +35,11 @@ CLI = [sys.executable, "-m", "uniagent.cli"]
 
 
 def test_every_registered_kind_parses_from_its_own_module() -> None:
-    for name, module in ENGINES.items():
+    for name, entry in ENGINES.items():
         kind, arg = engine_kind(f"{name}:ARG")
         assert isinstance(kind, EngineKind) and kind.name == name and arg == "ARG"
         assert kind.usage.startswith(name), kind.usage
-        assert sys.modules[module].KIND is kind
+        assert sys.modules[entry.module].KIND is kind
         assert kind.doctor is not None, f"{name}: every engine brings its doctor check"
     local, arg = engine_kind("local")
     assert arg == "" and local.token_level and not local.needs_arg
@@ -49,15 +49,17 @@ def test_every_registered_kind_parses_from_its_own_module() -> None:
 
 def test_the_registry_holds_one_line_per_kind() -> None:
     source = Path(registry.__file__).read_text()
-    [table] = [
+    [call] = [
         node.value
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "ENGINES"
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "ENGINES"
     ]
+    assert isinstance(call, ast.Call)
+    table = call.args[1]
     assert isinstance(table, ast.Dict)
     lines = [key.lineno for key in table.keys if key is not None]
     assert len(lines) == len(set(lines)) == len(ENGINES)
-    assert len(set(ENGINES.values())) == len(ENGINES), "one module per kind"
+    assert len({e.module for e in ENGINES.values()}) == len(ENGINES), "one module per kind"
 
 
 def test_bad_specs_are_config_errors_that_name_the_usages() -> None:

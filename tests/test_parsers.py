@@ -520,7 +520,7 @@ def test_register_custom_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     class Custom(HermesParser):
         name = "custom_test"
 
-    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # keep the global registry clean
+    monkeypatch.setattr(registry, "PARSERS", registry.PARSERS.copy())  # keep the global registry clean
     register_parser("custom_test", Custom)
     assert isinstance(get_parser("custom_test"), Custom)
     assert "custom_test" in available_parsers()

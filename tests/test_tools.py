@@ -125,7 +125,7 @@ def test_registry_builds_by_name_and_mapping(tmp_path):
 @pytest.mark.parametrize(
     ("specs", "message"),
     [
-        (["bsh"], "unknown tool 'bsh'; available tools: bash, finish, search"),
+        (["bsh"], "unknown tool 'bsh'; known: bash, str_replace_editor, submit, finish, search"),
         ([{"name": "bash", "timeout": 3}], "tool 'bash' config: timeout: Extra inputs are not permitted"),
         ([{"name": "bash", "max_timeout_s": -1}], "max_timeout_s: Input should be greater than 0"),
         ([{"corpus": "x"}], "tools[0]: a tool given as a mapping needs a `name`"),

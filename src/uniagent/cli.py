@@ -13,8 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from uniagent import __version__
+from uniagent.agent.registry import AGENTS
 from uniagent.errors import RunInterruptedError, UniAgentError
 from uniagent.models.registry import kinds_help
+from uniagent.sandbox.registry import BACKENDS
 
 app = typer.Typer(
     help="uniagent: run LLM agents at scale and train them with verl, token-exact.",
@@ -33,7 +35,7 @@ def version() -> None:
 @app.command()
 def demo(
     model: str = typer.Option(
-        "local", help="a token-level model spec: local (packaged SmolLM2), local:PATH or PATH, vllm:URL, ..."
+        "local", help=f"a token-level model spec (local: the packaged SmolLM2): {kinds_help()}"
     ),
     turns: int = typer.Option(3, min=1, help="most model turns"),
     max_tokens: int = typer.Option(96, min=1, help="most tokens per turn"),
@@ -128,7 +130,9 @@ def verify(
     output: Path = typer.Option(Path("verify_out"), help="where report.json goes"),
     gold: bool = typer.Option(False, "--gold", help="grade the rows' own gold patches"),
     concurrency: int = typer.Option(4, min=1, help="sandboxes at once"),
-    sandbox: str = typer.Option("local", help="sandbox type for rows without an image"),
+    sandbox: str = typer.Option(
+        "local", help=f"sandbox type for rows without an image: {' | '.join(BACKENDS)}"
+    ),
     set_: list[str] = typer.Option(
         [], "--set", help="sandbox setting, e.g. sandbox.runtime=podman (with --sandbox container)"
     ),
@@ -175,18 +179,14 @@ def verify(
 def run(
     tasks: str | None = typer.Option(None, help="builtin:starter, builtin:search or a task file"),
     model: str | None = typer.Option(None, help=f"model spec: {kinds_help()}"),
-    sandbox: str | None = typer.Option(
-        None, help="local (default, isolated) | container | swerex | modal | host"
-    ),
+    sandbox: str | None = typer.Option(None, help=BACKENDS.choices()),
     concurrency: int | None = typer.Option(None, min=1, help="episodes at once"),
     samples: int | None = typer.Option(None, min=1, help="episodes per task"),
     max_turns: int | None = typer.Option(None, min=1, help="model turns per episode"),
     limit: int | None = typer.Option(None, min=1, help="run only the first N tasks"),
     output: Path | None = typer.Option(None, help="run directory (store, exports)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --output"),
-    agent: str | None = typer.Option(
-        None, help="react (default) | mini-swe-agent[:CONFIG] (a black-box harness)"
-    ),
+    agent: str | None = typer.Option(None, help=AGENTS.choices()),
     backend: str | None = typer.Option(None, help="local | ray"),
     ray_address: str | None = typer.Option(None, help="Ray cluster address (backend ray)"),
     config: Path | None = typer.Option(None, "--config", help="a YAML run config"),

@@ -1,9 +1,11 @@
 """`uniagent doctor`: what works on this machine, found by using it, with the reason when not.
 
-Each backend checks itself: each sandbox backend's module (found through the sandbox registry,
-`uniagent.sandbox.registry.BACKENDS`) and each optional integration has an `async def doctor_check(...) ->
-list[(name, ok, detail)]` beside its code, and each engine kind of the model registry its
-`KIND.doctor`; each starts the real thing (a sandbox that runs a command, a model that
+Each part checks itself, and doctor finds the checks in the extension tables (each a
+`uniagent.registry.Registry`), never in a list of its own: every line of a table that carries a
+doctor check (each sandbox backend of `sandbox.registry.BACKENDS`, the harness agents of
+`agent.registry.AGENTS`, the integrations of `INTEGRATIONS` below) names an `async def
+doctor_check() -> list[(name, ok, detail)]` beside its code, and each engine kind of the model
+registry has its `KIND.doctor`; each starts the real thing (a sandbox that runs a command, a model that
 generates a token, a daemon or an endpoint that answers). This module only finds those
 functions and weighs their answers.
 
@@ -16,7 +18,6 @@ and shows as a warning.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from uniagent.errors import ConfigError
+from uniagent.registry import Entry, Registry, resolve
 
 if TYPE_CHECKING:
     from uniagent.models.config import ModelConfig
@@ -31,12 +33,28 @@ if TYPE_CHECKING:
 
 Row = tuple[str, bool | None, str]
 DEFAULT_SANDBOX = "local"
-OPTIONAL_MODULES = (
-    "uniagent.integrations.verl",
-    "uniagent.runner.ray_backend",
-    "uniagent.gateway.claude_code",
-    "uniagent.gateway.codex",
+# Optional parts that are no line of an extension table but have a check: one line each.
+INTEGRATIONS = Registry(
+    "integration",
+    {
+        "verl": Entry("uniagent.integrations.verl", "verl training", doctor="uniagent.integrations.verl"),
+        "ray": Entry(
+            "uniagent.runner.ray_backend", "the Ray runner backend", doctor="uniagent.runner.ray_backend"
+        ),
+    },
 )
+
+
+def table_checks() -> list[tuple[str, str, bool]]:
+    """(row name when the check cannot run, `"module:func"`, required) of every table line with a
+    doctor check: sandbox backends (the default one required), integrations, harness agents."""
+    from uniagent.agent.registry import AGENTS
+    from uniagent.sandbox.registry import BACKENDS
+
+    out = [(f"sandbox {n}", ref, n == DEFAULT_SANDBOX) for n, ref in BACKENDS.doctor_checks()]
+    out += [(n, ref, False) for n, ref in INTEGRATIONS.doctor_checks()]
+    out += [(f"agent {n}", ref, False) for n, ref in AGENTS.doctor_checks()]
+    return out
 
 
 @dataclass
@@ -89,14 +107,15 @@ async def _engine(kind: EngineKind, arg: str, config: ModelConfig, quick: bool) 
     return [Check(name, ok, detail, True) for name, ok, detail in rows]
 
 
-async def _run(module: str, args: tuple[Any, ...], fallback: str, required: bool) -> list[Check]:
-    """One backend's own check; a missing package is `None`, a crashing check is a failure."""
+async def _run(ref: str, fallback: str, required: bool) -> list[Check]:
+    """One part's own check (`"module:func"`); a missing package is `None`, a crashing check is a
+    failure."""
     try:
-        mod = importlib.import_module(module)
+        check = resolve(ref)
     except ModuleNotFoundError as exc:
         return [Check(fallback, None, f"{exc.name} not installed", required)]
     try:
-        rows: list[Row] = await mod.doctor_check(*args)
+        rows: list[Row] = await check()
     except Exception as exc:
         rows = [(fallback, False, f"the check itself failed: {type(exc).__name__}: {exc}"[:200])]
     return [Check(name, ok, detail, required) for name, ok, detail in rows]
@@ -109,12 +128,7 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
 
     specs = _model_specs(models)
     jobs: list[Any] = [_engine(kind, arg, config, quick) for kind, arg, config in specs]
-    from uniagent.sandbox.registry import BACKENDS
-
-    for sandbox_type, backend in BACKENDS.items():
-        required = sandbox_type == DEFAULT_SANDBOX
-        jobs.append(_run(backend.module, (), f"sandbox {sandbox_type}", required))
-    jobs += [_run(module, (), module.rsplit(".", 1)[-1], required=False) for module in OPTIONAL_MODULES]
+    jobs += [_run(ref, fallback, required) for fallback, ref, required in table_checks()]
     # Backends log their own warnings (cgroups missing, host without isolation); here the
     # table says it once, so those lines would only be noise.
     logger = logging.getLogger("uniagent")

@@ -1,9 +1,10 @@
-"""The agent registry: every agent kind is one line in `AGENTS`, like the sandbox backends
-(sandbox/registry.py) and the engines (models/registry.py).
+"""The agent registry: every agent kind is one line in `AGENTS` (a `uniagent.registry.Registry`,
+the shape of every extension table).
 
 A line maps the kind's name to where its class lives (`"module:Class"`, imported only when an
 agent of that kind is created: the `mini-swe-agent` line names a module of the gateway layer,
-above this one, which a string may do and an import may not). A kind is `NAME` or `NAME:ARGUMENT`
+above this one, which a string may do and an import may not), with its `--agent` help and, for a
+harness that needs a tool of its own, its doctor check. A kind is `NAME` or `NAME:ARGUMENT`
 (`mini-swe-agent:swebench.yaml`); the class is built as `Class(ARGUMENT or None)` and implements
 the `Agent` protocol (agent/base.py). Adding an agent is one module plus one line below.
 """
@@ -11,7 +12,6 @@ the `Agent` protocol (agent/base.py). Adding an agent is one module plus one lin
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -20,15 +20,29 @@ from pydantic import AfterValidator
 from uniagent.agent.base import Agent
 from uniagent.errors import ConfigError
 from uniagent.models.base import TokenEngine
+from uniagent.registry import Entry, Registry
 from uniagent.tokens import ChatCodec
 
 # One line per agent kind.
-AGENTS: dict[str, str] = {
-    "react": "uniagent.agent.react:ReactAgent",
-    "mini-swe-agent": "uniagent.gateway.mini_swe_agent:MiniSweAgent",
-    "claude-code": "uniagent.gateway.claude_code:ClaudeCodeAgent",
-    "codex": "uniagent.gateway.codex:CodexAgent",
-}
+AGENTS = Registry(
+    "agent kind",
+    {
+        "react": Entry("uniagent.agent.react:ReactAgent", "our ReAct loop, the default"),
+        "mini-swe-agent": Entry(
+            "uniagent.gateway.mini_swe_agent:MiniSweAgent", "mini-swe-agent[:CONFIG], a black-box harness"
+        ),
+        "claude-code": Entry(
+            "uniagent.gateway.claude_code:ClaudeCodeAgent",
+            "the Claude Code CLI through the gateway",
+            doctor="uniagent.gateway.claude_code:doctor_check",
+        ),
+        "codex": Entry(
+            "uniagent.gateway.codex:CodexAgent",
+            "the Codex CLI through the gateway",
+            doctor="uniagent.gateway.codex:doctor_check",
+        ),
+    },
+)
 
 
 def split_kind(kind: str) -> tuple[str, str | None]:
@@ -36,21 +50,14 @@ def split_kind(kind: str) -> tuple[str, str | None]:
     known ones (checked without importing the agent's module)."""
     name, _, arg = kind.partition(":")
     if name not in AGENTS:
-        raise ConfigError(f"unknown agent kind {name!r}; known: {', '.join(AGENTS)} (NAME or NAME:ARGUMENT)")
+        raise AGENTS.unknown(name, f"{', '.join(AGENTS)} (NAME or NAME:ARGUMENT)")
     return name, arg or None
 
 
 def create_agent(kind: str) -> Agent:
     """An unstarted agent of `kind` (`react`, `mini-swe-agent[:CONFIG]`, ...)."""
     name, arg = split_kind(kind)
-    module, _, attr = AGENTS[name].partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"agent kind {name!r} needs the Python package {exc.name!r}: install it (pip install {exc.name})"
-        ) from None
-    agent: Agent = cls(arg)
+    agent: Agent = AGENTS.load(name)(arg)
     return agent
 
 

@@ -27,11 +27,12 @@ def gateway_factory(spec: str, tokenizer: str | None = None, device: str = "cpu"
 
 
 def register(app: typer.Typer) -> None:
+    from uniagent.models.registry import kinds_help
+    from uniagent.parsers.registry import PARSERS
+
     @app.command()
     def gateway(
-        model: str = typer.Option(
-            "local", "--model", help="a token-level model spec: local, local:PATH, replay:FILE, vllm:URL, ..."
-        ),
+        model: str = typer.Option("local", "--model", help=f"a token-level model spec: {kinds_help()}"),
         host: str = typer.Option(
             "127.0.0.1", "--host", help="interface to bind (non-loopback needs --token)"
         ),
@@ -39,7 +40,9 @@ def register(app: typer.Typer) -> None:
         token: str | None = typer.Option(
             None, "--token", envvar="UNIAGENT_GATEWAY_TOKEN", help="bearer token clients must send"
         ),
-        parser: str = typer.Option("hermes", "--parser", help="tool-call format the model writes"),
+        parser: str = typer.Option(
+            "hermes", "--parser", help=f"tool-call format the model writes: {PARSERS.choices()}"
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="replay and servers: the tokenizer's model (default: packaged SmolLM2)"
         ),

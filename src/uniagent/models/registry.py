@@ -3,7 +3,9 @@ one `EngineKind`, defined as `KIND` in its own module and registered here by one
 
 Everything that builds a model from a spec (the runner, Ray actors, the gateway, demo, doctor,
 verify, the dashboard's and the redactor's tokenizer lookups) goes through `engine_kind`, so adding
-an engine is one module plus one line in `ENGINES`, and never touches the runner.
+an engine is one module plus one line in `ENGINES` (a `uniagent.registry.Registry`, the shape of
+every extension table; a line names the module, whose `KIND` is the entry), and never touches the
+runner. An engine's doctor check is its `KIND.doctor`, run per spec by `uniagent doctor --model`.
 
 What a module's `KIND.build(arg, config)` returns:
 
@@ -17,12 +19,12 @@ Modules are imported only when their kind is used, so a spec costs only its own 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from uniagent.errors import ConfigError
+from uniagent.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from uniagent.models.base import ChatModel
@@ -32,14 +34,18 @@ if TYPE_CHECKING:
 Row = tuple[str, bool | None, str]
 
 # Engine kind (the spec's prefix) -> the module that defines `KIND: EngineKind`. One line per engine.
-ENGINES: dict[str, str] = {
-    "local": "uniagent.models.local",
-    "replay": "uniagent.models.replay",
-    "openai": "uniagent.models.openai_chat",
-    "vllm": "uniagent.models.remote.vllm",
-    "sglang": "uniagent.models.remote.sglang",
-    "llamacpp": "uniagent.models.remote.llamacpp",
-}
+ENGINES = Registry(
+    "engine",
+    {
+        "local": Entry("uniagent.models.local", "local or local:PATH, weights loaded here"),
+        "replay": Entry("uniagent.models.replay", "replay:FILE, recorded turns"),
+        "openai": Entry("uniagent.models.openai_chat", "openai:URL, text level"),
+        "vllm": Entry("uniagent.models.remote.vllm", "vllm:URL[,URL...]"),
+        "sglang": Entry("uniagent.models.remote.sglang", "sglang:URL[,URL...]"),
+        "llamacpp": Entry("uniagent.models.remote.llamacpp", "llamacpp:URL[,URL...]"),
+    },
+    default_attr="KIND",
+)
 
 
 def config_tokenizer(arg: str, config: ModelConfig) -> str | None:
@@ -80,29 +86,20 @@ def split_spec(spec: str) -> tuple[str, str]:
     """`KIND[:ARG]` -> (kind, arg); the kind must be registered (no import yet)."""
     kind, _, arg = spec.strip().partition(":")
     if kind not in ENGINES:
-        raise ConfigError(f"model spec {spec!r}: unknown engine {kind!r}; use {' | '.join(usages())}")
+        raise ConfigError(f"model spec {spec!r}: {ENGINES.unknown(kind, ' | '.join(usages()))}")
     return kind, arg.strip()
 
 
 def load_kind(kind: str) -> EngineKind:
     """Import the module registered for `kind` and return its `KIND`."""
-    module_name = ENGINES.get(kind)
-    if module_name is None:
-        raise ConfigError(f"unknown engine {kind!r}; use {' | '.join(usages())}")
+    if kind not in ENGINES:
+        raise ENGINES.unknown(kind, " | ".join(usages()))
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise ConfigError(
-                f"engine {kind!r} is registered as {module_name}, which is not in this installation"
-            ) from None
-        raise ConfigError(
-            f"engine {kind!r} needs the Python package {missing!r}: install it (pip install {missing})"
-        ) from None
-    found = getattr(module, "KIND", None)
+        found = ENGINES.load(kind)
+    except AttributeError:
+        found = None
     if not isinstance(found, EngineKind) or found.name != kind:
-        raise ConfigError(f"{module_name} must define KIND = EngineKind(name={kind!r}, ...)")
+        raise ConfigError(f"{ENGINES[kind].module} must define KIND = EngineKind(name={kind!r}, ...)")
     return found
 
 

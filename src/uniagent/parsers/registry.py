@@ -1,4 +1,9 @@
-"""Parsers by name, so configs and the CLI can pick a tool-call format with a string."""
+"""Parsers by name, so configs and the CLI can pick a tool-call format with a string.
+
+`PARSERS` is a `uniagent.registry.Registry` like every extension table: a format is one module
+with its `ToolParser` class (or a factory) plus one line below; a plugin may `register_parser` a
+factory at run time. Names ignore case and `-`/`_`.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,9 @@ from collections.abc import Callable
 
 from uniagent.errors import UniAgentError
 from uniagent.parsers.base import ToolParser
-from uniagent.parsers.hermes import HermesParser
-from uniagent.parsers.xml import XMLParser
+from uniagent.registry import Entry, Registry
 
 ParserFactory = Callable[[], ToolParser]
-
-_FACTORIES: dict[str, ParserFactory] = {}
 
 
 class UnknownParserError(UniAgentError):
@@ -22,32 +24,36 @@ def _key(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
+# One line per format: the name and the factory (a class or a function) that builds a parser.
+PARSERS = Registry(
+    "tool parser",
+    {
+        "hermes": Entry("uniagent.parsers.hermes:HermesParser", "<tool_call>{json}</tool_call>"),
+        "xml": Entry("uniagent.parsers.xml:XMLParser", "<function=NAME><parameter=...>"),
+        "qwen3_coder": Entry("uniagent.parsers.xml:qwen3_coder", "the xml format as Qwen3-Coder names it"),
+    },
+    error=UnknownParserError,
+    key=_key,
+)
+
+
 def register_parser(name: str, factory: ParserFactory) -> None:
     """Make `factory` available as `name`; a later registration replaces an earlier one (plugins win)."""
-    _FACTORIES[_key(name)] = factory
+    PARSERS[name] = Entry(factory)
 
 
 def available_parsers() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted(PARSERS)
 
 
 def known_parser(name: str) -> str:
     """`name` if a parser is registered under it, else ValueError (for config validators)."""
-    if _key(name) not in _FACTORIES:
-        raise ValueError(f"unknown tool parser {name!r}; known parsers: {', '.join(available_parsers())}")
+    if name not in PARSERS:
+        raise ValueError(str(PARSERS.unknown(name)))
     return name
 
 
 def get_parser(name: str) -> ToolParser:
     """A fresh parser instance for `name` (case and `-`/`_` do not matter)."""
-    factory = _FACTORIES.get(_key(name))
-    if factory is None:
-        raise UnknownParserError(
-            f"unknown tool parser {name!r}; known parsers: {', '.join(available_parsers())}"
-        )
+    factory: ParserFactory = PARSERS.load(name)
     return factory()
-
-
-register_parser("hermes", HermesParser)
-register_parser("xml", XMLParser)
-register_parser("qwen3_coder", lambda: XMLParser(name="qwen3_coder"))

@@ -174,3 +174,8 @@ class XMLParser:
             "- After your tool calls, stop and wait for the results.\n"
             "- If no tool is needed, answer directly without any tool call."
         )
+
+
+def qwen3_coder() -> XMLParser:
+    """Qwen3-Coder's tool-call format: the XML one under the name its chat template uses."""
+    return XMLParser(name="qwen3_coder")

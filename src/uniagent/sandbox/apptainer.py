@@ -15,8 +15,7 @@ from pathlib import Path
 
 from uniagent.errors import SandboxError, SandboxStartError
 from uniagent.sandbox import procs
-from uniagent.sandbox.config import ContainerConfig
-from uniagent.sandbox.container import ContainerSandbox
+from uniagent.sandbox.container import ContainerConfig, ContainerSandbox
 
 
 class ApptainerSandbox(ContainerSandbox):

@@ -14,10 +14,14 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from uniagent.sandbox.cgroups import SandboxCgroup
-from uniagent.sandbox.config import Limits, LocalConfig
+from uniagent.sandbox.config import Limits
 from uniagent.sandbox.procs import quote
+
+if TYPE_CHECKING:
+    from uniagent.sandbox.local import LocalConfig  # the backend module, which imports this one
 
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var")
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")

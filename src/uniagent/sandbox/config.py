@@ -1,5 +1,6 @@
-"""Where an episode's commands run: one pydantic model per backend, a union on `type` (built
-from the backend registry, sandbox/registry.py).
+"""Where an episode's commands run: what every backend's config has (`SandboxConfig`), and
+parsing a config by its `type` into the config class of that backend (each backend's own lives in
+its module, found through the backend registry, sandbox/registry.py).
 
 Isolation is the default (`local`: bubblewrap, no network, writes only to its workspace);
 anything weaker is an explicit choice in the config.
@@ -7,8 +8,7 @@ anything weaker is an explicit choice in the config.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,72 +43,6 @@ class SandboxConfig(BaseModel):
     start_retries: int = Field(2, ge=0)
 
 
-class LocalConfig(SandboxConfig):
-    """bubblewrap: host system read-only, a private writable workspace, no network by default."""
-
-    type: Literal["local"] = "local"
-    rootfs: Path | None = Field(None, description="a root filesystem directory to use instead of the host's")
-    workspace: Path | None = Field(
-        None, description="host directory bound at `workdir`; a fresh temp dir when unset"
-    )
-    keep_workspace: bool = Field(False, description="keep a temp workspace after stop (debugging)")
-    network: bool = False
-    host_python: bool = Field(
-        True, description="expose uniagent's Python environment read-only and put it first on PATH"
-    )
-    ro_binds: list[str] = Field(
-        default_factory=list, description="extra host paths bound read-only at the same path"
-    )
-    env_allowlist: list[str] = Field(
-        default_factory=lambda: ["LANG", "LC_ALL", "TZ"],
-        description="host variables passed through; everything else is scrubbed",
-    )
-
-
-class HostConfig(SandboxConfig):
-    """No isolation at all: commands run as the current user on this machine. Opt-in only."""
-
-    type: Literal["host"] = "host"
-    workdir: str = Field(".", description="working directory on the host")
-    i_understand_there_is_no_isolation: bool = False
-
-
-class ContainerConfig(SandboxConfig):
-    """docker, podman or apptainer through their command-line tools."""
-
-    type: Literal["container"] = "container"
-    runtime: Literal["docker", "podman", "apptainer"] = "docker"
-    image: str | None = Field(None, description="the image to run; a task row's own image replaces it")
-    pull: Literal["always", "missing", "never"] = "missing"
-    network: bool = False
-    run_args: list[str] = Field(default_factory=list, description="extra arguments for `run`")
-    executable: str | None = Field(None, description="path of the CLI when not on PATH")
-
-
-class SweRexConfig(SandboxConfig):
-    """A SWE-ReX server: remote (URL + token) or started by uniagent inside another backend."""
-
-    type: Literal["swerex"] = "swerex"
-    url: str | None = Field(None, description="a running swerex-remote server; unset: start one")
-    port: int | None = None
-    auth_token: str | None = Field(None, repr=False, description="secret: never logged or stored")
-    inner: dict[str, Any] | None = Field(
-        None, description="the backend to start the server in when `url` is unset (default: local)"
-    )
-
-
-class ModalConfig(SandboxConfig):
-    """A Modal sandbox through the `modal` SDK (extra `uniagent[modal]`)."""
-
-    type: Literal["modal"] = "modal"
-    image: str = Field("python:3.11-slim", description="a registry image Modal can pull")
-    app_name: str = "uniagent"
-    timeout_s: int = Field(3600, ge=10, description="Modal's own lifetime limit for the sandbox")
-    cpu: float | None = None
-    memory_mb: int | None = None
-    network: bool = False
-
-
 _CONSENTS = frozenset({"i_understand_there_is_no_isolation"})
 """Opt-ins to less isolation: meaningless (not wrong) on a backend that isolates."""
 _MOVED = {
@@ -119,13 +53,14 @@ _MOVED = {
 
 def parse_config(config: Any) -> SandboxConfig:
     """A config object, or a dict like `{"type": "local", ...}` (no `type`: local); any type of
-    the backend registry."""
-    from uniagent.sandbox.registry import adapter
+    the backend registry, validated by that backend's own config class (only its module is
+    imported)."""
+    from uniagent.sandbox.registry import backend
 
     if isinstance(config, SandboxConfig):
         return config
     if config is None:
-        return LocalConfig()
+        config = {}
     if not isinstance(config, dict):
         raise ConfigError(f"sandbox config must be a mapping with a `type`, got {type(config).__name__}")
     data = {"type": "local", **config}
@@ -133,11 +68,13 @@ def parse_config(config: Any) -> SandboxConfig:
         if key in data:
             raise ConfigError(f"sandbox.{key} is no longer a setting: {why}")
     try:
-        return adapter().validate_python(data)  # type: ignore[no-any-return]
+        cls = backend(str(data["type"])).config_class()
+    except ConfigError as exc:
+        raise ConfigError(f"sandbox.type: {exc}") from None
+    try:
+        return cls.model_validate(data)
     except ValidationError as exc:
-        loc = exc.errors()[0]["loc"]
-        tagged = bool(loc) and loc[0] == data["type"]  # the union's tag, not a key the user wrote
-        raise ConfigError(f"sandbox.{first_error(exc, skip=int(tagged), where='type')}") from None
+        raise ConfigError(f"sandbox.{first_error(exc, where='type')}") from None
 
 
 def _checked_section(section: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +112,7 @@ def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
     """
     from uniagent.sandbox.registry import backend
 
-    target = backend(type).config
+    target = backend(type).config_class()
     data = _settings(config)
     source = data.pop("type")
     if source != type:

@@ -18,12 +18,27 @@ import shutil
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.config import ContainerConfig
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import spawn
+
+
+class ContainerConfig(SandboxConfig):
+    """docker, podman or apptainer through their command-line tools."""
+
+    type: Literal["container"] = "container"
+    runtime: Literal["docker", "podman", "apptainer"] = "docker"
+    image: str | None = Field(None, description="the image to run; a task row's own image replaces it")
+    pull: Literal["always", "missing", "never"] = "missing"
+    network: bool = False
+    run_args: list[str] = Field(default_factory=list, description="extra arguments for `run`")
+    executable: str | None = Field(None, description="path of the CLI when not on PATH")
+
 
 CLI_TIMEOUT_S = 60.0
 

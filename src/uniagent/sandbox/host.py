@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Literal
+
+from pydantic import Field
 
 from uniagent.errors import ConfigError
-from uniagent.sandbox.config import HostConfig
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids, spawn
 from uniagent.sandbox.shell import ShellSession
+
+
+class HostConfig(SandboxConfig):
+    """No isolation at all: commands run as the current user on this machine. Opt-in only."""
+
+    type: Literal["host"] = "host"
+    workdir: str = Field(".", description="working directory on the host")
+    i_understand_there_is_no_isolation: bool = False
+
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,28 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, Literal, cast
+
+from pydantic import Field
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.config import ModalConfig
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.shell import ShellSession
+
+
+class ModalConfig(SandboxConfig):
+    """A Modal sandbox through the `modal` SDK (extra `uniagent[modal]`)."""
+
+    type: Literal["modal"] = "modal"
+    image: str = Field("python:3.11-slim", description="a registry image Modal can pull")
+    app_name: str = "uniagent"
+    timeout_s: int = Field(3600, ge=10, description="Modal's own lifetime limit for the sandbox")
+    cpu: float | None = None
+    memory_mb: int | None = None
+    network: bool = False
+
 
 log = logging.getLogger(__name__)
 

@@ -44,18 +44,32 @@ import secrets
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
+from pydantic import Field
 from swerex.runtime.abstract import Command, CommandResponse, UploadRequest
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
-from uniagent.sandbox.config import SweRexConfig
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.swerex_client import Client, HttpError, RedactingLog, RemoteError, redact
 from uniagent.sandbox.swerex_server import SweRexServer, free_port, inner_type
 from uniagent.sandbox.swerex_session import SweRexSession
+
+
+class SweRexConfig(SandboxConfig):
+    """A SWE-ReX server: remote (URL + token) or started by uniagent inside another backend."""
+
+    type: Literal["swerex"] = "swerex"
+    url: str | None = Field(None, description="a running swerex-remote server; unset: start one")
+    port: int | None = None
+    auth_token: str | None = Field(None, repr=False, description="secret: never logged or stored")
+    inner: dict[str, Any] | None = Field(
+        None, description="the backend to start the server in when `url` is unset (default: local)"
+    )
+
 
 __all__ = ["SweRexSandbox", "SweRexSession", "doctor_check", "free_port"]
 

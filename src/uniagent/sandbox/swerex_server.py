@@ -14,13 +14,15 @@ import contextlib
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
-from uniagent.sandbox.config import SweRexConfig
 from uniagent.sandbox.procs import quote, tree_signal_script
 from uniagent.sandbox.swerex_client import Client, redact
+
+if TYPE_CHECKING:
+    from uniagent.sandbox.swerex import SweRexConfig  # the backend module, which imports this one
 
 SERVER_SESSION = "_swerex_server"
 """The inner sandbox's session that launches the server (and is never used for anything else)."""

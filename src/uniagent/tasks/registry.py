@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
+from uniagent.registry import Entry, Registry
 from uniagent.tasks.base import Task
 from uniagent.tasks.loading import load_rows
 
-FAMILIES: dict[str, str] = {
-    "swe": "uniagent.tasks.swe:SweTask",
-    "swe_rebench": "uniagent.tasks.swe_rebench:SweRebenchTask",
-    "r2e_gym": "uniagent.tasks.r2e_gym:R2EGymTask",
-    "search": "uniagent.tasks.search:SearchTask",
-    "lookup": "uniagent.tasks.lookup:LookupTask",
-}
+# One line per task family (a `uniagent.registry.Registry`): a family is one module with its
+# `Task` subclass plus one line here; `detect_family` below tells a row's family by its fields.
+FAMILIES = Registry(
+    "task family",
+    {
+        "swe": Entry("uniagent.tasks.swe:SweTask", "SWE-bench rows: a repo, a problem, hidden tests"),
+        "swe_rebench": Entry("uniagent.tasks.swe_rebench:SweRebenchTask", "SWE-rebench rows"),
+        "r2e_gym": Entry("uniagent.tasks.r2e_gym:R2EGymTask", "R2E-Gym rows (docker_image)"),
+        "search": Entry("uniagent.tasks.search:SearchTask", "questions answered by searching a corpus"),
+        "lookup": Entry("uniagent.tasks.lookup:LookupTask", "read files, finish with the code they hold"),
+    },
+)
 
 BUILTIN = Path(__file__).parent / "builtin"
 SUITES: dict[str, dict[str, Any]] = {
@@ -45,11 +50,9 @@ SUITES: dict[str, dict[str, Any]] = {
 
 
 def family_class(name: str) -> type[Task]:
-    target = FAMILIES.get(name)
-    if target is None:
-        raise ConfigError(f"unknown task family {name!r}; known: {', '.join(FAMILIES)}")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The Task class of family `name`; an unknown one is a ConfigError listing them."""
+    cls: type[Task] = FAMILIES.load(name)
+    return cls
 
 
 def detect_family(row: dict[str, Any]) -> str:

@@ -1,5 +1,8 @@
 """Tools by name: the built-ins, plus whatever `register_tool` adds.
 
+`TOOLS` is a `uniagent.registry.Registry` like every extension table: a tool is one module with
+its `Tool` subclass plus one line below (the key is the class's `name`).
+
 Task configs name their tools as strings (`"bash"`) or as dicts with config
 (`{"name": "search", "corpus": "wiki.jsonl"}`); `build_tools` turns such a list into
 instances and says precisely what is wrong with a bad entry.
@@ -11,37 +14,41 @@ from collections.abc import Iterable
 from typing import Any
 
 from uniagent.errors import ToolError
+from uniagent.registry import Entry, Registry
 from uniagent.sandbox.base import Sandbox
 from uniagent.tools.base import Tool
-from uniagent.tools.bash import BashTool
-from uniagent.tools.editor import EditorTool
-from uniagent.tools.search import SearchTool
-from uniagent.tools.submit import FinishTool, SubmitTool
 
-_TOOLS: dict[str, type[Tool]] = {}
+# One line per tool; the key is the tool class's `name`.
+TOOLS = Registry(
+    "tool",
+    {
+        "bash": Entry("uniagent.tools.bash:BashTool", "a persistent bash session"),
+        "str_replace_editor": Entry("uniagent.tools.editor:EditorTool", "view, create and edit files"),
+        "submit": Entry("uniagent.tools.submit:SubmitTool", "end the episode with the diff"),
+        "finish": Entry("uniagent.tools.submit:FinishTool", "end the episode with an answer"),
+        "search": Entry("uniagent.tools.search:SearchTool", "search a corpus"),
+    },
+    error=ToolError,
+)
 
 
 def register_tool(cls: type[Tool], *, replace: bool = False) -> type[Tool]:
     """Make `cls` buildable by its `name` (usable as a class decorator)."""
-    if not replace and cls.name in _TOOLS and _TOOLS[cls.name] is not cls:
-        raise ToolError(f"a tool named {cls.name!r} is already registered ({_TOOLS[cls.name].__name__})")
-    _TOOLS[cls.name] = cls
+    if not replace and cls.name in TOOLS:
+        existing = TOOLS.load(cls.name)
+        if existing is not cls:
+            raise ToolError(f"a tool named {cls.name!r} is already registered ({existing.__name__})")
+    TOOLS[cls.name] = Entry(cls)
     return cls
 
 
-for _cls in (BashTool, EditorTool, SubmitTool, FinishTool, SearchTool):
-    register_tool(_cls)
-
-
 def available_tools() -> list[str]:
-    return sorted(_TOOLS)
+    return sorted(TOOLS)
 
 
 def get_tool(name: str, **config: Any) -> Tool:
     """An instance of the tool registered as `name`, configured with `config`."""
-    cls = _TOOLS.get(name)
-    if cls is None:
-        raise ToolError(f"unknown tool {name!r}; available tools: {', '.join(available_tools())}")
+    cls: type[Tool] = TOOLS.load(name)
     return cls(**config)
 
 

@@ -1,28 +1,29 @@
-"""The context-policy registry: every policy is one module plus one line in `POLICIES`, like the
-agents (agent/registry.py) and engines (models/registry.py). A policy class is built as
+"""The context-policy registry: every policy is one module plus one line in `POLICIES` (a
+`uniagent.registry.Registry`, like every extension table). A policy class is built as
 `Class(ContextConfig)` once per episode and implements `ContextPolicy` (context/base.py)."""
 
 from __future__ import annotations
 
-import importlib
-
 from uniagent.agent.config import ContextConfig
 from uniagent.agent.context.base import ContextPolicy
-from uniagent.errors import ConfigError
+from uniagent.registry import Entry, Registry
 
 # One line per policy.
-POLICIES: dict[str, str] = {
-    "none": "uniagent.agent.context.none:NoPolicy",
-    "window": "uniagent.agent.context.window:WindowPolicy",
-    "summarize": "uniagent.agent.context.summarize:SummarizePolicy",
-}
+POLICIES = Registry(
+    "context policy",
+    {
+        "none": Entry("uniagent.agent.context.none:NoPolicy", "end the episode at the context cap"),
+        "window": Entry("uniagent.agent.context.window:WindowPolicy", "keep the task and the latest turns"),
+        "summarize": Entry(
+            "uniagent.agent.context.summarize:SummarizePolicy", "the policy model condenses earlier turns"
+        ),
+    },
+)
 
 
 def policy_class(name: str) -> type:
-    if name not in POLICIES:
-        raise ConfigError(f"unknown context policy {name!r}; known: {', '.join(POLICIES)}")
-    module, _, attr = POLICIES[name].partition(":")
-    cls: type = getattr(importlib.import_module(module), attr)
+    """The class of policy `name`; an unknown one is a ConfigError listing them."""
+    cls: type = POLICIES.load(name)
     return cls
 
 

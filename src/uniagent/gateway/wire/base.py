@@ -4,7 +4,7 @@ A wire turns a client's body into cleaned chat messages, OpenAI-style tool schem
 sampling fields the client asked for (`WireRequest`); the app does the rest the same way for
 every protocol (the session's token conversation, trusted sampling, the context cap, the engine)
 and hands back one committed `Turn`, or a stream of `Event`s, for the wire to write in its own
-shape. So a protocol is one module with one `Wire` subclass plus one line in `wire.PROTOCOLS`.
+shape. So a protocol is one module with one `Wire` subclass plus one line in `wire.WIRES`.
 
 Wires are pure: no session, engine or app state, so they are unit-tested on plain dicts.
 """

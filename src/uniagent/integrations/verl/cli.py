@@ -35,6 +35,7 @@ def train_verl(config: str | None, overrides: list[str], print_only: bool) -> No
 def register(app: typer.Typer) -> None:
     """Add the `data` and `verl` command groups to the `uniagent` app, and `verl` as an engine
     of `uniagent train`."""
+    from uniagent.tasks.registry import FAMILIES
     from uniagent.train.cli import ENGINES
 
     ENGINES["verl"] = train_verl
@@ -54,7 +55,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed of the train/validation shuffle"),
         agent_name: str = typer.Option("uniagent", help="agent-loop entry that runs the rows"),
         data_source: str | None = typer.Option(None, help="verl data_source (default uniagent/FAMILY)"),
-        family: str | None = typer.Option(None, help="task family, when it cannot be detected"),
+        family: str | None = typer.Option(
+            None, help=f"task family, when it cannot be detected: {' | '.join(FAMILIES)}"
+        ),
         limit: int | None = typer.Option(None, min=1, help="only the first N tasks"),
         ids: list[str] | None = typer.Option(None, "--id", help="only these task ids (repeat the flag)"),
     ) -> None:
