@@ -75,7 +75,7 @@ def test_configuration_reference_lists_every_setting() -> None:
             assert f"`{key}`" in page, key
     for name, backend in BACKENDS.items():
         assert f"`sandbox` type `{name}`" in page, name
-        for field in backend.config.model_fields:
+        for field in backend.config_class().model_fields:
             assert f"`sandbox.{field}`" in page, (name, field)
 
 

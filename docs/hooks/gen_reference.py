@@ -145,18 +145,11 @@ def _doc(cls: type) -> str:
 
 
 def _sandbox_backends() -> list[type[BaseModel]]:
-    """Every sandbox backend's config, as the backend registry lists them (one `type` each)."""
-    importlib.import_module("uniagent.sandbox.registry")  # imports every backend's config class
-    from uniagent.sandbox.config import SandboxConfig
+    """Every sandbox backend's config class, in the backend registry's order (one `type` each;
+    each lives in its backend's module)."""
+    from uniagent.sandbox.registry import BACKENDS
 
-    seen: list[type[BaseModel]] = []
-    todo = list(SandboxConfig.__subclasses__())
-    while todo:
-        cls = todo.pop(0)
-        if cls not in seen and "type" in cls.model_fields:
-            seen.append(cls)
-        todo.extend(cls.__subclasses__())
-    return seen
+    return [BACKENDS.entry(name).config_class() for name in BACKENDS.names()]  # type: ignore[attr-defined]
 
 
 _SANDBOX_DOCUMENTED: dict[str, str] = {}
