@@ -20,8 +20,14 @@ console = Console()
 def train_verl(config: str | None, overrides: list[str], print_only: bool) -> None:
     """`uniagent train --engine verl`: launch (or print) verl's trainer on a recipe."""
     from uniagent.errors import UniAgentError
-    from uniagent.integrations.verl import launch
 
+    try:
+        from uniagent.integrations.verl import launch
+    except ModuleNotFoundError as exc:
+        raise UniAgentError(
+            f"--engine verl needs uniagent.integrations.verl.launch, which is not available here ({exc}); "
+            "use --engine local, or install/update uniagent with the verl integration"
+        ) from None
     if config is None:
         raise UniAgentError("--engine verl needs --config RECIPE")
     if print_only:
