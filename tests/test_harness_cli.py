@@ -28,8 +28,8 @@ from uniagent.agent import AgentConfig
 from uniagent.agent.registry import open_agent
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir
 from uniagent.gateway.sessions import SessionConfig
+from uniagent.harness.cli_agent import ScopedApp, SessionSocket, cli_dir
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
@@ -298,7 +298,7 @@ def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: Chat
 
 @needs_node
 async def test_doctor_rows_say_the_clis_run(clis) -> None:
-    from uniagent.gateway import claude_code, codex
+    from uniagent.harness import claude_code, codex
 
     (claude,) = await claude_code.doctor_check()
     (cdx,) = await codex.doctor_check()

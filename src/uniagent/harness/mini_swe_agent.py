@@ -30,10 +30,10 @@ from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, finish_session, open_session, task_text
-from uniagent.gateway.mini_environment import SandboxEnvironment
 from uniagent.gateway.server import GatewayServer
 from uniagent.gateway.sessions import Session
+from uniagent.harness.mini_environment import SandboxEnvironment
+from uniagent.harness.session import attach_segments, finish_session, open_session, task_text
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task

@@ -3,7 +3,7 @@ to its own gateway session while it acts in our sandbox; the session's trusted s
 context cap, the task text it is given, and the episode's token record (every segment of the
 session) all work the same way whichever harness acts. Grading is not the harness's: `run_episode`
 grades every agent's episode the same way (`uniagent.tasks.grading`).
-Each harness is its own module: mini_swe_agent.py (in-process), cli_harness.py with claude_code.py
+Each harness is its own module: mini_swe_agent.py (in-process), cli_agent.py with claude_code.py
 and codex.py (real CLIs inside the sandbox).
 """
 

@@ -1,5 +1,5 @@
 """The `codex[:PRESET|:FILE.yaml]` agent: the real Codex CLI (`codex exec`) in the episode's
-sandbox, talking OpenAI Responses to its gateway session. Shared machinery: cli_harness.py.
+sandbox, talking OpenAI Responses to its gateway session. Shared machinery: cli_agent.py.
 
 Codex has no unix-socket provider, so `forward.py` (stdlib) relays a loopback port of the
 sandbox's own network namespace (`FORWARD_PORT`, the same in every sandbox; any free port when
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
-from uniagent.gateway.cli_harness import SOCKET, CliAgent, cli_config, cli_doctor, exports
-from uniagent.gateway.harness import task_text
 from uniagent.gateway.sessions import Session
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
 FORWARD_PORT = 18016

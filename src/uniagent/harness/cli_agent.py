@@ -20,7 +20,7 @@ loopback port inside the sandbox's namespace to the socket. A probe of any other
 
 What a harness adds (`CliAgent` subclasses, one module each): the CLI's command line and
 environment, its config files, and how its output says it ended. The rest is shared with
-the harness agents (gateway/harness.py): a gateway session per episode with trusted
+the harness agents (harness/session.py): a gateway session per episode with trusted
 sampling, finalize, the verifier in the sandbox, `attach_segments`.
 """
 
@@ -45,9 +45,9 @@ from uniagent.agent.base import Episode
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, finish_session, open_session
 from uniagent.gateway.server import InProcessServer
 from uniagent.gateway.sessions import Session
+from uniagent.harness.session import attach_segments, finish_session, open_session
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.procs import quote
 from uniagent.tasks.episode import failed_result

@@ -1,6 +1,6 @@
 """The `claude-code[:PRESET|:FILE.yaml]` agent: the real Claude Code CLI (`claude -p`) in the
 episode's sandbox, talking Anthropic Messages to its gateway session over the session's unix
-socket (`ANTHROPIC_UNIX_SOCKET`; no forwarder, no network). Shared machinery: cli_harness.py.
+socket (`ANTHROPIC_UNIX_SOCKET`; no forwarder, no network). Shared machinery: cli_agent.py.
 
 Presets: `trimmed` (default) offers only the Bash tool (`--tools Bash`), keeping Claude Code's
 own system prompt: ~2.3K tokens, so an 8K model has room for turns; `bare` adds `--bare` (~0.6K);
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
-from uniagent.gateway.cli_harness import SOCKET, CliAgent, cli_config, cli_doctor, exports
-from uniagent.gateway.harness import task_text
 from uniagent.gateway.sessions import Session
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
 PRESETS: dict[str, list[str]] = {
