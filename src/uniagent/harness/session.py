@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from uniagent.agent.base import TaskView
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import Session, SessionConfig
+from uniagent.models.base import SessionSpec
 from uniagent.sandbox.base import Sandbox
 from uniagent.tokens.drift import episode_drift
 
@@ -34,10 +34,17 @@ def task_text(task: TaskView) -> str:
     return str(users[-1].get("content", "")) if users else ""
 
 
-def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskView, kind: str) -> Session:
-    """The episode's gateway session: the model's sampling (trusted, capped per turn), parser and
-    request id, the context cap. Every harness agent (mini-swe-agent, the CLIs) opens one."""
-    sampling = model.sampling
+NEEDS_TOKENS = "harness episodes need a token-level model (TokenChatModel)"
+"""The episode's error when its model offers no gateway session (`ChatModel.session_spec()`)."""
+
+
+def open_session(
+    gateway: Gateway, spec: SessionSpec, agent: AgentConfig, task: TaskView, kind: str
+) -> Session:
+    """The episode's gateway session from what its model offers (`ChatModel.session_spec()`):
+    the model's sampling (trusted, capped per turn), parser and request id, the context cap.
+    Every harness agent (mini-swe-agent, the CLIs) opens one."""
+    sampling = spec.sampling
     if agent.max_tokens_per_turn:
         sampling = sampling.model_copy(
             update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
@@ -46,8 +53,8 @@ def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskVie
         SessionConfig(
             sampling=sampling,
             max_context_tokens=agent.max_context_tokens,
-            parser=model.parser.name,
-            request_id=model.request_id,
+            parser=spec.parser,
+            request_id=spec.request_id,
             metadata={"instance_id": task.instance_id, "agent_kind": kind},
         )
     )
