@@ -21,7 +21,8 @@ loopback port inside the sandbox's namespace to the socket. A probe of any other
 What a harness adds (`CliAgent` subclasses, one module each): the CLI's command line and
 environment, its config files, and how its output says it ended. The rest is shared with
 the harness agents (harness/session.py): a gateway session per episode with trusted
-sampling, finalize, the verifier in the sandbox, `attach_segments`.
+sampling, finalize, `attach_segments`. Grading is not the agent's: `run_episode` grades after
+`run` returns, as for every agent.
 """
 
 from __future__ import annotations
@@ -243,9 +244,7 @@ class CliAgent(AgentBase):
 
     # -- one episode -------------------------------------------------------------------------
     async def run(self, episode: Episode) -> EpisodeResult:
-        task, sb, model, metrics, agent = (
-            episode.task, episode.sandbox, episode.model, episode.metrics, episode.config,
-        )  # fmt: skip
+        task, model, metrics, agent = episode.task, episode.model, episode.metrics, episode.config
         if self.gateway is None or self.install is None:
             raise RuntimeError(f"{type(self).__name__}.run before start()")
         spec = model.session_spec()
@@ -268,7 +267,7 @@ class CliAgent(AgentBase):
             for name, text in self.files(session_dir, f"/sessions/{session.id}", episode).items():
                 (session_dir / name).write_text(text)
             result = await self._run_cli(episode, session, scoped, session_dir, token)
-            await finish_session(session, task, sb, result, agent)
+            finish_session(session)
             return result
         finally:
             await sock.stop()

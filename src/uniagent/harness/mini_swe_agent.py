@@ -9,9 +9,9 @@ way mini's docker environment runs each in `docker exec` (a fresh subshell in th
 `MiniSweAgent` is the registry's `mini-swe-agent[:CONFIG]` agent (agent/registry.py): its per-run
 resource is a `HarnessGateway` over the run's engine (started by `start`, one per run or per Ray
 actor), and its `run` is one episode in the sandbox `run_episode` set up. The episode is the same as
-a ReAct one everywhere else: the task's sandbox and setup, the task's verifier inside the sandbox
-before teardown, one `ExitReason`, and an `EpisodeResult` whose segments are the gateway's token
-record of the conversation, one per chain.
+a ReAct one everywhere else: the task's sandbox and setup, one `ExitReason`, an `EpisodeResult`
+whose segments are the gateway's token record of the conversation, one per chain, and grading by
+`run_episode` after the agent returns.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> Epis
         parts = [*uname.output.splitlines(), "", "", "", ""][:4]
         template_vars = dict(zip(("system", "release", "version", "machine"), parts, strict=True))
         result = await _run_mini(harness, session, task, sb, agent, template_vars, metrics)
-        await finish_session(session, task, sb, result, agent)
+        finish_session(session)
         return result
     finally:
         if session is not None:

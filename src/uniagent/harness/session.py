@@ -18,7 +18,6 @@ from uniagent.agent.result import EpisodeResult
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import Session, SessionConfig
 from uniagent.models.base import SessionSpec
-from uniagent.sandbox.base import Sandbox
 from uniagent.tokens.drift import episode_drift
 
 log = logging.getLogger(__name__)
@@ -84,11 +83,9 @@ async def attach_segments(session: Session, result: EpisodeResult) -> None:
     result.metrics["completion_tokens"] = sum(t.num_model_tokens for t in trajs)
 
 
-async def finish_session(
-    session: Session, task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig
-) -> None:
+def finish_session(session: Session) -> None:
     """A harness episode's end: the session finalized, unless it was already aborted or closed.
-    The reward is `run_episode`'s to give, after the agent returns (none here yet)."""
+    No reward is set here: grading is `run_episode`'s alone, after the agent returns (the
+    session is deleted before then, so it never carries a verdict)."""
     if session.state == "open":
         session.state = "finalized"
-        session.reward = result.reward.value if result.reward else None
