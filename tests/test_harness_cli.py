@@ -127,6 +127,25 @@ async def test_session_socket_admits_only_its_session_and_token(codec: ChatCodec
     assert b.requests == 0, "the other session was never reached"
 
 
+def test_the_command_timeout_reaches_claude_codes_bash(tmp_path: Path) -> None:
+    """`agent.command_timeout_s` is Claude Code's Bash default (`BASH_DEFAULT_TIMEOUT_MS`) in the
+    script the agent runs; Codex has no such setting (docs/howto/harness-agents.md)."""
+    from types import SimpleNamespace
+
+    from uniagent.harness.claude_code import ClaudeCodeAgent
+
+    cli = ClaudeCodeAgent()
+    cli.gateway, cli.install = SimpleNamespace(model_name="m"), tmp_path  # type: ignore[assignment]
+    episode = SimpleNamespace(config=AgentConfig(command_timeout_s=12.5))
+    run = cli.command(tmp_path, SimpleNamespace(id="s"), "token", episode)  # type: ignore[arg-type]
+    assert " BASH_DEFAULT_TIMEOUT_MS=12500 " in run.splitlines()[0] + " "
+    default = cli.command(tmp_path, SimpleNamespace(id="s"), "token", SimpleNamespace(config=AgentConfig()))  # type: ignore[arg-type]
+    assert (
+        f" BASH_DEFAULT_TIMEOUT_MS={int(AgentConfig().command_timeout_s * 1000)} "
+        in default.splitlines()[0] + " "
+    )
+
+
 # -- the real CLIs in real sandboxes -------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ Side traffic is off by its documented switch (`CLAUDE_CODE_DISABLE_NONESSENTIAL_
 telemetry, error reports, the auto-updater, the title call), retries are 0, and the billing
 header and prompt caching marks are dropped so histories compare cleanly. Inside the sandbox the
 process is uid 0, so `IS_SANDBOX=1` is what allows `--dangerously-skip-permissions`.
+`agent.command_timeout_s` is its Bash tool's default timeout (`BASH_DEFAULT_TIMEOUT_MS`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class ClaudeCodeAgent(CliAgent):
             "DISABLE_PROMPT_CACHING": "1",
             "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
             "CLAUDE_CODE_DISABLE_THINKING": "1",
+            # The agent's per-command timeout is the Bash tool's default; as with our bash tool,
+            # a call may ask for more, up to Claude Code's max (max(10 min, the default)).
+            "BASH_DEFAULT_TIMEOUT_MS": str(max(1, round(episode.config.command_timeout_s * 1000))),
             **self.cli.env,
         }
         turns = ["--max-turns", str(episode.config.max_turns)] if episode.config.max_turns else []

@@ -13,6 +13,11 @@ metrics), web search, `unbounded_connection_retries` (otherwise it waits for the
 forever), request and stream retries. Its own sandbox is bypassed: it cannot create a user
 namespace inside ours, and ours is the isolation.
 
+`agent.command_timeout_s` does not reach Codex: it has no per-command timeout setting. Its
+`exec_command` waits `yield_time_ms` (the model's choice, capped) and then leaves the command
+running in the background for `write_stdin` to poll; `background_terminal_max_timeout` bounds one
+such poll, not the command. Only `agent.wall_time_s` bounds what Codex runs.
+
 Presets: `trimmed` (default) keeps Codex's base prompt but only its two floor tools
 (`exec_command`, `write_stdin`) and no skills/permission/app instructions: ~4.7K tokens, fits an
 8K model; `minimal` also replaces the base prompt with a few lines (~0.7K); `full` is the CLI's
