@@ -94,6 +94,3 @@ class AgentBase:
 
     def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
         return config
-
-    async def run(self, episode: Episode) -> EpisodeResult:
-        raise NotImplementedError
