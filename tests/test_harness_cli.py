@@ -268,6 +268,24 @@ async def test_cli_exit_reasons(harness: str, codec, clis) -> None:
 
 @needs_bwrap
 @needs_node
+async def test_claude_codes_bash_stops_a_command_at_the_agents_timeout(codec, clis) -> None:
+    """The real Claude Code honours `agent.command_timeout_s` (its `BASH_DEFAULT_TIMEOUT_MS`): a
+    command past it is stopped and the model goes on; the episode is far from its wall time."""
+    task = load_tasks("builtin:starter")[0]
+    texts = [call("claude-code", "sleep 30; echo late"), "done"]
+    engine = script(codec, {"sleepy#0": texts})
+    started = time.perf_counter()
+    result = await episode(
+        "claude-code", engine, codec, task, "sleepy#0", wall_time_s=120, command_timeout_s=2
+    )
+    wall = time.perf_counter() - started
+    assert result.exit_reason == ExitReason.FINISHED, result.error
+    outputs = tool_outputs(result)
+    assert "timed out after 2s" in outputs and "late" not in outputs and wall < 28, outputs
+
+
+@needs_bwrap
+@needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
 async def test_a_crashing_cli_is_an_internal_error(harness: str, codec, clis, tmp_path: Path) -> None:
     """A CLI that exits non-zero without a reason it explains (here: a flag it does not know) is
