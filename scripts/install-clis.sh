@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the pinned harness CLIs (Claude Code, Codex) into the project's cache; print its path.
 #
-# They are optional extras of the `claude-code` and `codex` agents (uniagent/gateway/claude_code.py,
+# They are optional extras of the `claude-code` and `codex` agents (uniagent/harness/claude_code.py,
 # codex.py), which bind this directory read-only into each episode's sandbox. Both packages ship
 # native binaries through npm optionalDependencies; only the npm registry is contacted (~658 MB,
 # ~32 s the first time; npm's own cache, ~/.npm, makes a reinstall quick).

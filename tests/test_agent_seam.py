@@ -26,10 +26,12 @@ from agent_helpers import call
 from conftest import needs_bwrap, require_module
 from run_helpers import gold_turns
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
-from uniagent.agent.base import Agent, Episode
+from uniagent.agent.base import Agent, AgentBase, Episode
+from uniagent.agent.react import ReactAgent
 from uniagent.agent.registry import AGENTS, create_agent, open_agent
 from uniagent.errors import ConfigError
 from uniagent.models.base import Generation, SamplingParams
+from uniagent.models.openai_chat import OpenAIChatModel
 from uniagent.models.replay import ReplayEngine, ReplayRecord, save_records
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
@@ -41,9 +43,10 @@ pytestmark = needs_bwrap
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-class ProbeAgent:
+class ProbeAgent(AgentBase):
     """A third agent: writes a file in the set-up sandbox and asks the task's verifier. `EVENTS`
-    records its lifecycle and every episode it ran, across instances."""
+    records its lifecycle and every episode it ran, across instances (the sandbox hook is
+    `AgentBase`'s: the task's sandbox as it is)."""
 
     name = "probe"
     EVENTS: ClassVar[list[tuple[str, Any]]] = []
@@ -119,6 +122,51 @@ async def test_setup_failure_is_the_result_for_every_agent(codec: ChatCodec, pro
         result = await run_episode(task, object(), sandbox={"type": "nope"}, agent=agent)  # type: ignore[arg-type]
     assert result.exit_reason == ExitReason.INTERNAL_ERROR and "sandbox config" in (result.error or "")
     assert [e for e, _ in probe] == ["start", "close"]
+
+
+class HookedAgent(AgentBase):
+    """An agent whose sandbox hook adds a variable: what the hook returns is the sandbox run."""
+
+    name = "hooked"
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
+        self.seen.append(config)
+        return {**config, "env": {**config.get("env", {}), "HOOKED": "yes"}}
+
+    async def run(self, episode: Episode) -> EpisodeResult:
+        res = await episode.sandbox.exec('echo "$HOOKED"', timeout=10)
+        return EpisodeResult(episode.task.messages(), None, ExitReason.FINISHED, None, {"hooked": res.output})
+
+
+async def test_the_sandbox_hook_is_called_for_every_agent() -> None:
+    """`run_episode` hands every agent's `prepare_sandbox` the task's completed config and starts
+    what it returns; `AgentBase`'s default (react's) is the config as it is."""
+    task = load_tasks("builtin:starter")[0]
+    hooked = HookedAgent()
+    result = await run_episode(task, object(), sandbox={"type": "local"}, agent=hooked)  # type: ignore[arg-type]
+    assert [c["type"] for c in hooked.seen] == ["local"] and "HOOKED" not in hooked.seen[0].get("env", {})
+    assert result.metrics["hooked"].strip() == "yes", result.error
+    config = {"type": "local", "env": {"A": "1"}}
+    assert ReactAgent().prepare_sandbox(config) is config and isinstance(ReactAgent(), Agent)
+
+
+async def test_a_harness_needs_a_model_that_offers_a_session(codec: ChatCodec) -> None:
+    """What a model offers a gateway session is declared (`ChatModel.session_spec()`): a token-level
+    model's sampling, parser and request id; a text-level model has none, and a harness episode
+    with it is an internal error, before any model call."""
+    engine = ReplayEngine([], match="request", strict=False)
+    token_model = TokenChatModel(engine, codec, get_parser("hermes"), SamplingParams(max_tokens=64), "r#0")
+    spec = token_model.session_spec()
+    assert (spec.parser, spec.request_id, spec.sampling) == ("hermes", "r#0", token_model.sampling)
+    text_model = OpenAIChatModel("stand-in", base_url="http://127.0.0.1:9/v1", api_key="x")
+    assert text_model.session_spec() is None
+    task = load_tasks("builtin:starter")[0]
+    async with open_agent("mini-swe-agent", engine, codec) as agent:
+        result = await run_episode(task, text_model, AgentConfig(max_turns=2), agent=agent)
+    assert result.exit_reason == ExitReason.INTERNAL_ERROR and "token-level model" in (result.error or "")
 
 
 def test_unknown_agent_kind_names_the_known_ones(probe) -> None:

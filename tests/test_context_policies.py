@@ -19,7 +19,7 @@ from agent_helpers import call, make_swe_task_file, scripted_model
 from conftest import needs_bwrap
 from token_checks import assert_every_generated_token_once
 from uniagent.agent import AgentConfig, AgentInteraction, EpisodeResult, ExitReason
-from uniagent.agent.base import Episode
+from uniagent.agent.base import AgentBase, Episode
 from uniagent.agent.config import ContextConfig
 from uniagent.agent.context import POLICIES, Request, create_policy, split_turns
 from uniagent.agent.context.summarize import SUMMARY_REQUEST
@@ -264,19 +264,13 @@ async def test_a_policy_that_cannot_make_room_ends_context_limit(task: SweTask, 
     assert "context_compressions" not in res.metrics and len(res.segments) == 1
 
 
-class SummarizedBy:
+class SummarizedBy(AgentBase):
     """The react agent with another model summarizing (what a runner would inject)."""
 
     name = "react"
 
     def __init__(self, summarizer: Any) -> None:
         self.summarizer = summarizer
-
-    async def start(self, engine: Any, codec: Any) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
     async def run(self, episode: Episode) -> EpisodeResult:
         loop = AgentInteraction(episode.model, episode.tools, episode.config, summarizer=self.summarizer)

@@ -21,7 +21,7 @@ import pytest_asyncio
 from conftest import needs_bwrap
 from uniagent.agent import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
-from uniagent.gateway.mini_swe_agent import HarnessGateway, parse_kind
+from uniagent.harness.mini_swe_agent import HarnessGateway, parse_kind
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.models.token_chat import TokenChatModel

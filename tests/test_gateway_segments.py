@@ -24,8 +24,8 @@ from test_gateway import BASH
 from token_checks import REFUSES_BOOM, Gen, assert_every_generated_token_once
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.gateway import Gateway
-from uniagent.gateway.harness import attach_segments
 from uniagent.gateway.server import GatewayServer
+from uniagent.harness.session import attach_segments
 from uniagent.models.base import Generation
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.tokens import ChatCodec, Trajectory

@@ -28,8 +28,8 @@ from uniagent.agent import AgentConfig
 from uniagent.agent.registry import open_agent
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir
 from uniagent.gateway.sessions import SessionConfig
+from uniagent.harness.cli_agent import ScopedApp, SessionSocket, cli_dir
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
@@ -125,6 +125,25 @@ async def test_session_socket_admits_only_its_session_and_token(codec: ChatCodec
     finally:
         await sock.stop()
     assert b.requests == 0, "the other session was never reached"
+
+
+def test_the_command_timeout_reaches_claude_codes_bash(tmp_path: Path) -> None:
+    """`agent.command_timeout_s` is Claude Code's Bash default (`BASH_DEFAULT_TIMEOUT_MS`) in the
+    script the agent runs; Codex has no such setting (docs/howto/harness-agents.md)."""
+    from types import SimpleNamespace
+
+    from uniagent.harness.claude_code import ClaudeCodeAgent
+
+    cli = ClaudeCodeAgent()
+    cli.gateway, cli.install = SimpleNamespace(model_name="m"), tmp_path  # type: ignore[assignment]
+    episode = SimpleNamespace(config=AgentConfig(command_timeout_s=12.5))
+    run = cli.command(tmp_path, SimpleNamespace(id="s"), "token", episode)  # type: ignore[arg-type]
+    assert " BASH_DEFAULT_TIMEOUT_MS=12500 " in run.splitlines()[0] + " "
+    default = cli.command(tmp_path, SimpleNamespace(id="s"), "token", SimpleNamespace(config=AgentConfig()))  # type: ignore[arg-type]
+    assert (
+        f" BASH_DEFAULT_TIMEOUT_MS={int(AgentConfig().command_timeout_s * 1000)} "
+        in default.splitlines()[0] + " "
+    )
 
 
 # -- the real CLIs in real sandboxes -------------------------------------------------------------
@@ -249,6 +268,24 @@ async def test_cli_exit_reasons(harness: str, codec, clis) -> None:
 
 @needs_bwrap
 @needs_node
+async def test_claude_codes_bash_stops_a_command_at_the_agents_timeout(codec, clis) -> None:
+    """The real Claude Code honours `agent.command_timeout_s` (its `BASH_DEFAULT_TIMEOUT_MS`): a
+    command past it is stopped and the model goes on; the episode is far from its wall time."""
+    task = load_tasks("builtin:starter")[0]
+    texts = [call("claude-code", "sleep 30; echo late"), "done"]
+    engine = script(codec, {"sleepy#0": texts})
+    started = time.perf_counter()
+    result = await episode(
+        "claude-code", engine, codec, task, "sleepy#0", wall_time_s=120, command_timeout_s=2
+    )
+    wall = time.perf_counter() - started
+    assert result.exit_reason == ExitReason.FINISHED, result.error
+    outputs = tool_outputs(result)
+    assert "timed out after 2s" in outputs and "late" not in outputs and wall < 28, outputs
+
+
+@needs_bwrap
+@needs_node
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
 async def test_a_crashing_cli_is_an_internal_error(harness: str, codec, clis, tmp_path: Path) -> None:
     """A CLI that exits non-zero without a reason it explains (here: a flag it does not know) is
@@ -298,7 +335,7 @@ def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: Chat
 
 @needs_node
 async def test_doctor_rows_say_the_clis_run(clis) -> None:
-    from uniagent.gateway import claude_code, codex
+    from uniagent.harness import claude_code, codex
 
     (claude,) = await claude_code.doctor_check()
     (cdx,) = await codex.doctor_check()

@@ -8,7 +8,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "uniagent"
 
 # Layer -> rank, the real floors: a module may import its own layer and lower ranks only. Above
-# the episode stack (agent, tasks) stand the runners and fronts, then what drives them: the trainer,
+# the episode stack (agent, tasks) stand the gateway's HTTP fronts (they know no task), the harness
+# agents that act through them (and run episodes), the runners, then what drives them: the trainer,
 # then the integrations that plug the trainer into outside frameworks (verl imports train; train
 # never imports verl), then the commands that put everything together.
 RANK = {
@@ -25,14 +26,15 @@ RANK = {
     "tools": 2,
     "agent": 3,
     "tasks": 4,
-    "runner": 5,
     "gateway": 5,
-    "train": 6,
-    "dashboard": 7,
-    "integrations": 7,
-    "demo": 8,
-    "doctor": 8,
-    "cli": 9,
+    "harness": 6,
+    "runner": 7,
+    "train": 8,
+    "dashboard": 9,
+    "integrations": 9,
+    "demo": 10,
+    "doctor": 10,
+    "cli": 11,
 }
 
 

@@ -58,7 +58,7 @@ CONFIG_ROOTS: list[tuple[str, str, str, str]] = [
     (
         "harness",
         "Harness CLI preset file",
-        "uniagent.gateway.cli_harness:CliConfig",
+        "uniagent.harness.cli_agent:CliConfig",
         "`--agent claude-code:FILE.yaml` / `--agent codex:FILE.yaml`",
     ),
 ]

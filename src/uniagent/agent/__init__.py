@@ -1,7 +1,7 @@
 """The interaction loop shared by evaluation and training."""
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.loop import AgentInteraction, Verifier
+from uniagent.agent.loop import AgentInteraction
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 
-__all__ = ["AgentConfig", "AgentInteraction", "EpisodeResult", "ExitReason", "Reward", "Verifier"]
+__all__ = ["AgentConfig", "AgentInteraction", "EpisodeResult", "ExitReason", "Reward"]

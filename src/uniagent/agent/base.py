@@ -12,7 +12,8 @@ An agent may need resources that outlive one episode (a harness's gateway serves
 a run): `start(engine, codec)` builds them before the first episode, `close()` releases them after
 the last; `uniagent.agent.registry.open_agent` does both around a block. The engine and codec are
 the run's (`None` for a text-only model): an agent that cannot work without them says so in
-`start` with a `ConfigError`.
+`start` with a `ConfigError`. `AgentBase` holds the contract's defaults (no resources, the
+task's sandbox unchanged), so an agent writes only what it changes.
 
 This layer sits below `tasks`, so an agent sees a task through `TaskView`, the few members of
 `uniagent.tasks.Task` an agent uses.
@@ -60,7 +61,12 @@ class Agent(Protocol):
 
     `run` never raises for an episode-level failure: every way out is one `ExitReason` in the
     returned `EpisodeResult`. The reward is not the agent's to give: `run_episode` grades a
-    trainable exit after `run` returns. One agent object serves many episodes at once."""
+    trainable exit after `run` returns. One agent object serves many episodes at once.
+
+    `prepare_sandbox(config)` is the one hook into the set-up: `run_episode` calls it with the
+    sandbox config the task completed, before the sandbox starts, and starts what it returns. An
+    agent that runs inside the sandbox adds what it needs there (a CLI harness binds its install
+    and its session socket's directory in); every other agent returns `config` as it is."""
 
     name: str
 
@@ -68,4 +74,23 @@ class Agent(Protocol):
 
     async def close(self) -> None: ...
 
+    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]: ...
+
     async def run(self, episode: Episode) -> EpisodeResult: ...
+
+
+class AgentBase:
+    """The defaults of the `Agent` contract, for an agent to inherit: no per-run resources
+    (`start`, `close` do nothing) and the task's sandbox as it is (`prepare_sandbox`). A
+    subclass gives `name` and `run`, and overrides only what it needs."""
+
+    name: str = ""
+
+    async def start(self, engine: TokenEngine | None, codec: ChatCodec | None) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
+        return config

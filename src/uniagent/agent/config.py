@@ -64,9 +64,10 @@ class AgentConfig(BaseModel):
     command_timeout_s: float = Field(
         DEFAULT_COMMAND_TIMEOUT_S,
         gt=0,
-        description="how long one command of the model may run, in every agent: the bash tool's "
-        "default (a call may ask for more, up to the tool's max_timeout_s), each str_replace_editor "
-        "operation, each command of a harness agent; past it the command is interrupted",
+        description="how long one command of the model may run: the bash tool's default (a call "
+        "may ask for more, up to the tool's max_timeout_s), each str_replace_editor operation, each "
+        "command of mini-swe-agent, Claude Code's Bash default (BASH_DEFAULT_TIMEOUT_MS); past it the "
+        "command is interrupted. Codex has no per-command setting: only wall_time_s bounds its commands",
     )
     timeout_budget: int = Field(
         5, ge=1, description="tool calls allowed to time out before the episode ends with timeout_budget"

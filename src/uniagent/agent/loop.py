@@ -19,13 +19,13 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.context import Request, create_policy
 from uniagent.agent.observation import format_error_message, tool_message
-from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import EngineError, SandboxDeadError, SandboxError
 from uniagent.models.base import ChatModel
 from uniagent.sandbox.base import Sandbox
@@ -33,8 +33,6 @@ from uniagent.tokens.drift import episode_drift
 from uniagent.tools.base import Tool, ToolResult
 
 log = logging.getLogger(__name__)
-
-Verifier = Callable[[Sandbox, EpisodeResult], Awaitable[Reward]]
 
 
 class AgentInteraction:
@@ -66,8 +64,9 @@ class AgentInteraction:
         self,
         messages: list[dict[str, Any]],
         sandbox: Sandbox,
-        verifier: Verifier | None = None,
     ) -> EpisodeResult:
+        """One episode in `sandbox`; not graded: `run_episode` grades every agent's episode
+        after the agent returns (`uniagent.tasks.grading`), so there is one scoring path."""
         history = list(messages)
         self._head = len(messages)
         metrics: dict[str, Any] = {
@@ -110,8 +109,6 @@ class AgentInteraction:
         # A full render and tokenization of the whole episode (drift): CPU work that grows with
         # the episode, so not on the event loop that serves every other episode.
         result.segments = await asyncio.to_thread(self._finish_segments, history, result)
-        if exit_reason.trainable and verifier is not None:
-            await self._verify(verifier, sandbox, result)
         metrics["wall_s"] = time.perf_counter() - started
         return result
 
@@ -282,28 +279,6 @@ class AgentInteraction:
         if len(segments) > 1:
             result.metrics["segments"] = len(segments)
         return segments
-
-    async def _verify(self, verifier: Verifier, sandbox: Sandbox, result: EpisodeResult) -> None:
-        await verify_episode(verifier, sandbox, result, self.config.verifier_timeout_s)
-
-
-async def verify_episode(verifier: Verifier, sandbox: Sandbox, result: EpisodeResult, timeout: float) -> None:
-    """Score the final state; a verifier that fails makes the episode untrainable, never zero.
-    Shared by every kind of agent (ReAct here, black-box harnesses through the gateway)."""
-    t0 = time.perf_counter()
-    try:
-        result.reward = await asyncio.wait_for(verifier(sandbox, result), timeout)
-    except asyncio.CancelledError:
-        result.exit_reason, result.error = ExitReason.CANCELLED, "cancelled during verification"
-    except SandboxDeadError as exc:
-        result.exit_reason, result.error = ExitReason.SANDBOX_DEAD, f"during verification: {exc}"
-    except Exception as exc:
-        log.warning("verifier failed: %r", exc)
-        result.reward = None
-        result.exit_reason = ExitReason.VERIFIER_ERROR
-        result.error = f"verifier: {exc!r}"
-    finally:
-        result.metrics["verifier_s"] = time.perf_counter() - t0
 
 
 class _ModelFailure(Exception):

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from uniagent.agent.base import Episode
+from uniagent.agent.base import AgentBase, Episode
 from uniagent.agent.loop import AgentInteraction
 from uniagent.agent.result import EpisodeResult
 from uniagent.errors import ConfigError
-from uniagent.models.base import TokenEngine
-from uniagent.tokens import ChatCodec
 
 
-class ReactAgent:
-    """Needs no per-run resources: each episode builds its own loop over the episode's model."""
+class ReactAgent(AgentBase):
+    """Needs no per-run resources and takes the task's sandbox as it is (`AgentBase`'s defaults):
+    each episode builds its own loop over the episode's model."""
 
     name = "react"
 
     def __init__(self, arg: str | None = None) -> None:
         if arg:
             raise ConfigError(f"agent kind 'react:{arg}': react takes no ':ARGUMENT'; use `react`")
-
-    async def start(self, engine: TokenEngine | None, codec: ChatCodec | None) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
     async def run(self, episode: Episode) -> EpisodeResult:
         loop = AgentInteraction(episode.model, episode.tools, episode.config)

@@ -29,17 +29,17 @@ AGENTS = Registry(
     {
         "react": Entry("uniagent.agent.react:ReactAgent", "our ReAct loop, the default"),
         "mini-swe-agent": Entry(
-            "uniagent.gateway.mini_swe_agent:MiniSweAgent", "mini-swe-agent[:CONFIG], a black-box harness"
+            "uniagent.harness.mini_swe_agent:MiniSweAgent", "mini-swe-agent[:CONFIG], a black-box harness"
         ),
         "claude-code": Entry(
-            "uniagent.gateway.claude_code:ClaudeCodeAgent",
+            "uniagent.harness.claude_code:ClaudeCodeAgent",
             "the Claude Code CLI through the gateway",
-            doctor="uniagent.gateway.claude_code:doctor_check",
+            doctor="uniagent.harness.claude_code:doctor_check",
         ),
         "codex": Entry(
-            "uniagent.gateway.codex:CodexAgent",
+            "uniagent.harness.codex:CodexAgent",
             "the Codex CLI through the gateway",
-            doctor="uniagent.gateway.codex:doctor_check",
+            doctor="uniagent.harness.codex:doctor_check",
         ),
     },
 )

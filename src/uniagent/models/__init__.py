@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from uniagent.models.base import AssistantTurn, ChatModel, Generation, SamplingParams, TokenEngine
+from uniagent.models.base import (
+    AssistantTurn,
+    ChatModel,
+    Generation,
+    SamplingParams,
+    SessionSpec,
+    TokenEngine,
+)
 from uniagent.models.replay import RecordingEngine, ReplayEngine, ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
 
@@ -31,6 +38,7 @@ __all__ = [
     "ReplayEngine",
     "ReplayRecord",
     "SamplingParams",
+    "SessionSpec",
     "TokenChatModel",
     "TokenEngine",
 ]

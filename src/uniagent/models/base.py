@@ -72,6 +72,18 @@ class AssistantTurn:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a token-level chat model offers a gateway session, so that a black-box harness's
+    episode samples exactly as the model would: its trusted `sampling` (stop ids included), the
+    name of its tool-call `parser`, and its sticky `request_id` (an engine keeps its prefix by
+    it). `ChatModel.session_spec()` gives it; a text-level model has none."""
+
+    sampling: SamplingParams
+    parser: str
+    request_id: str
+
+
 @runtime_checkable
 class ChatModel(Protocol):
     """Message level: the agent loop talks to this, and only through these members.
@@ -81,7 +93,9 @@ class ChatModel(Protocol):
     per segment ([] for a text-level model). `begin_segment(reason)`: the next `query` renders
     its messages afresh and starts a segment with that reason (a context policy condensed the
     history). `finish(messages, tools)`: the episode's segments, each with its drift.
-    `max_tokens` on `query` caps that call only."""
+    `max_tokens` on `query` caps that call only. `session_spec()`: what the model offers a
+    gateway session (`SessionSpec`), `None` for a model without a token engine (a harness agent
+    needs one)."""
 
     trainable: bool
 
@@ -108,3 +122,5 @@ class ChatModel(Protocol):
     def finish(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[Any]: ...
+
+    def session_spec(self) -> SessionSpec | None: ...

@@ -108,6 +108,10 @@ class OpenAIChatModel:
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         return 0  # no tokenizer here: token-sized context policies never trigger
 
+    def session_spec(self) -> None:
+        """No token engine behind it, so nothing a gateway session could sample with."""
+        return None
+
     def __repr__(self) -> str:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self._endpoint!r}, api_key='***')"
 

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from uniagent.errors import UniAgentError
-from uniagent.models.base import AssistantTurn, SamplingParams, TokenEngine
+from uniagent.models.base import AssistantTurn, SamplingParams, SessionSpec, TokenEngine
 from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, call_id
 from uniagent.parsers.prompt import inject_tools
 from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
@@ -101,6 +101,11 @@ class TokenChatModel:
         if not self.conversation.segments:
             raise UniAgentError("no turn was generated, so there is no trajectory to finish")
         return self.conversation.finish()
+
+    def session_spec(self) -> SessionSpec:
+        """A harness's gateway session samples as this model does: its sampling (stop ids
+        included), parser and request id."""
+        return SessionSpec(self.sampling, self.parser.name, self.request_id)
 
     @property
     def segments(self) -> list[Trajectory]:

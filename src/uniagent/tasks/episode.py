@@ -121,12 +121,10 @@ async def run_episode(
     metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": agent.name}
     t0 = time.perf_counter()
     result: EpisodeResult | None = None
-    prepare = getattr(agent, "sandbox_config", None)  # an agent that runs inside the sandbox binds
-    if prepare is not None:
-        try:
-            sandbox = prepare(task.sandbox_config(sandbox))
-        except Exception as exc:
-            return failed_result(task, ExitReason.INTERNAL_ERROR, f"sandbox config: {exc}", metrics)
+    try:  # the agent's hook (`Agent.prepare_sandbox`): one that runs inside the sandbox binds in
+        sandbox = agent.prepare_sandbox(task.sandbox_config(sandbox))
+    except Exception as exc:
+        return failed_result(task, ExitReason.INTERNAL_ERROR, f"sandbox config: {exc}", metrics)
     fresh = False
     try:
         async with episode_sandbox(task, sandbox, metrics) as ready:

@@ -1,5 +1,5 @@
 """The `codex[:PRESET|:FILE.yaml]` agent: the real Codex CLI (`codex exec`) in the episode's
-sandbox, talking OpenAI Responses to its gateway session. Shared machinery: cli_harness.py.
+sandbox, talking OpenAI Responses to its gateway session. Shared machinery: cli_agent.py.
 
 Codex has no unix-socket provider, so `forward.py` (stdlib) relays a loopback port of the
 sandbox's own network namespace (`FORWARD_PORT`, the same in every sandbox; any free port when
@@ -12,6 +12,11 @@ offline, by the documented settings: plugins (the curated-plugins sync), analyti
 metrics), web search, `unbounded_connection_retries` (otherwise it waits for the network
 forever), request and stream retries. Its own sandbox is bypassed: it cannot create a user
 namespace inside ours, and ours is the isolation.
+
+`agent.command_timeout_s` does not reach Codex: it has no per-command timeout setting. Its
+`exec_command` waits `yield_time_ms` (the model's choice, capped) and then leaves the command
+running in the background for `write_stdin` to poll; `background_terminal_max_timeout` bounds one
+such poll, not the command. Only `agent.wall_time_s` bounds what Codex runs.
 
 Presets: `trimmed` (default) keeps Codex's base prompt but only its two floor tools
 (`exec_command`, `write_stdin`) and no skills/permission/app instructions: ~4.7K tokens, fits an
@@ -26,9 +31,9 @@ from pathlib import Path
 
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
-from uniagent.gateway.cli_harness import SOCKET, CliAgent, cli_config, cli_doctor, exports
-from uniagent.gateway.harness import task_text
 from uniagent.gateway.sessions import Session
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
 FORWARD_PORT = 18016

@@ -9,9 +9,9 @@ way mini's docker environment runs each in `docker exec` (a fresh subshell in th
 `MiniSweAgent` is the registry's `mini-swe-agent[:CONFIG]` agent (agent/registry.py): its per-run
 resource is a `HarnessGateway` over the run's engine (started by `start`, one per run or per Ray
 actor), and its `run` is one episode in the sandbox `run_episode` set up. The episode is the same as
-a ReAct one everywhere else: the task's sandbox and setup, the task's verifier inside the sandbox
-before teardown, one `ExitReason`, and an `EpisodeResult` whose segments are the gateway's token
-record of the conversation, one per chain.
+a ReAct one everywhere else: the task's sandbox and setup, one `ExitReason`, an `EpisodeResult`
+whose segments are the gateway's token record of the conversation, one per chain, and grading by
+`run_episode` after the agent returns.
 """
 
 from __future__ import annotations
@@ -25,15 +25,21 @@ import traceback
 import uuid
 from typing import Any
 
-from uniagent.agent.base import Episode, TaskView
+from uniagent.agent.base import AgentBase, Episode, TaskView
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, finish_session, open_session, task_text
-from uniagent.gateway.mini_environment import SandboxEnvironment
 from uniagent.gateway.server import GatewayServer
 from uniagent.gateway.sessions import Session
+from uniagent.harness.mini_environment import SandboxEnvironment
+from uniagent.harness.session import (
+    NEEDS_TOKENS,
+    attach_segments,
+    finish_session,
+    open_session,
+    task_text,
+)
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task
@@ -142,7 +148,7 @@ class HarnessGateway:
         return await run_episode(task, model, agent, sandbox, agent=MiniSweAgent.over(self))
 
 
-class MiniSweAgent:
+class MiniSweAgent(AgentBase):
     """The `mini-swe-agent[:CONFIG]` agent (CONFIG: a mini config name or YAML path; default
     mini's bundled `mini.yaml`). Each episode is a session of the gateway `start` opens over the
     run's engine; `model` must be a `TokenChatModel` (its sampling, parser and request id are the
@@ -179,24 +185,20 @@ async def run_harness_episode(harness: HarnessGateway, episode: Episode) -> Epis
     """One harness episode in the sandbox `run_episode` set up (and stops)."""
     task, sb, model, metrics = episode.task, episode.sandbox, episode.model, episode.metrics
     agent = episode.config
-    if not all(hasattr(model, a) for a in ("sampling", "parser", "request_id")):
-        return failed_result(
-            task,
-            ExitReason.INTERNAL_ERROR,
-            "harness episodes need a token-level model (TokenChatModel)",
-            metrics,
-        )
+    spec = model.session_spec()
+    if spec is None:
+        return failed_result(task, ExitReason.INTERNAL_ERROR, NEEDS_TOKENS, metrics)
     session: Session | None = None
     try:
         try:
             uname = await sb.exec("uname -s; uname -r; uname -v; uname -m", timeout=30)
         except (SandboxError, OSError, TimeoutError) as exc:
             return failed_result(task, ExitReason.SANDBOX_DEAD, f"sandbox start/setup: {exc}", metrics)
-        session = open_session(harness.gateway, model, agent, task, harness.kind)
+        session = open_session(harness.gateway, spec, agent, task, harness.kind)
         parts = [*uname.output.splitlines(), "", "", "", ""][:4]
         template_vars = dict(zip(("system", "release", "version", "machine"), parts, strict=True))
         result = await _run_mini(harness, session, task, sb, agent, template_vars, metrics)
-        await finish_session(session, task, sb, result, agent)
+        finish_session(session)
         return result
     finally:
         if session is not None:

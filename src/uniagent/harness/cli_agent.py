@@ -4,8 +4,8 @@ A CLI runs its tools where it runs, so the real binary runs in the episode's bub
 (the `local` backend), not on the host. The only way out of the sandbox is one unix socket:
 
 - the pinned CLIs live in one install dir (`scripts/install-clis.sh`, default `.cache/npm-clis`),
-  bound read-only into the sandbox (`LocalConfig.ro_binds`, added by `sandbox_config` before the
-  sandbox starts);
+  bound read-only into the sandbox (`LocalConfig.ro_binds`, added by the Agent hook
+  `prepare_sandbox` before the sandbox starts);
 - each episode gets its own host directory, also bound read-only (a unix socket needs no write
   permission on its mount to be connected to), holding `gw.sock` and the CLI's config files;
 - `SessionSocket` serves the gateway's app on that socket through `ScopedApp`, which admits only
@@ -20,8 +20,9 @@ loopback port inside the sandbox's namespace to the socket. A probe of any other
 
 What a harness adds (`CliAgent` subclasses, one module each): the CLI's command line and
 environment, its config files, and how its output says it ended. The rest is shared with
-the harness agents (gateway/harness.py): a gateway session per episode with trusted
-sampling, finalize, the verifier in the sandbox, `attach_segments`.
+the harness agents (harness/session.py): a gateway session per episode with trusted
+sampling, finalize, `attach_segments`. Grading is not the agent's: `run_episode` grades after
+`run` returns, as for every agent.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from uniagent.agent.base import Episode
+from uniagent.agent.base import AgentBase, Episode
 from uniagent.agent.result import EpisodeResult, ExitReason
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
-from uniagent.gateway.harness import attach_segments, finish_session, open_session
 from uniagent.gateway.server import InProcessServer
 from uniagent.gateway.sessions import Session
+from uniagent.harness.session import NEEDS_TOKENS, attach_segments, finish_session, open_session
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.procs import quote
 from uniagent.tasks.episode import failed_result
@@ -179,7 +180,7 @@ class SessionSocket(InProcessServer):
 # -- the agent -------------------------------------------------------------------------------
 
 
-class CliAgent:
+class CliAgent(AgentBase):
     """An agent that runs a CLI harness in the episode's sandbox against its own gateway session.
 
     Subclasses give `name`, `command` (a bash script that runs the CLI in the workdir; its
@@ -211,11 +212,11 @@ class CliAgent:
             self.root = None
         self.gateway = None
 
-    # -- the sandbox: called by run_episode before the sandbox starts ----------------------
-    def sandbox_config(self, config: dict[str, Any]) -> dict[str, Any]:
+    # -- the sandbox: the Agent hook run_episode calls before the sandbox starts -------------
+    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
         """The run's sandbox plus the CLI install and a fresh session dir, both read-only."""
         if self.root is None or self.install is None:
-            raise RuntimeError(f"{type(self).__name__}.sandbox_config before start()")
+            raise RuntimeError(f"{type(self).__name__}.prepare_sandbox before start()")
         if config.get("type", "local") != "local":
             raise ConfigError(
                 f"agent kind {self.name!r} runs its CLI inside a local (bubblewrap) sandbox; "
@@ -243,15 +244,12 @@ class CliAgent:
 
     # -- one episode -------------------------------------------------------------------------
     async def run(self, episode: Episode) -> EpisodeResult:
-        task, sb, model, metrics, agent = (
-            episode.task, episode.sandbox, episode.model, episode.metrics, episode.config,
-        )  # fmt: skip
+        task, model, metrics, agent = episode.task, episode.model, episode.metrics, episode.config
         if self.gateway is None or self.install is None:
             raise RuntimeError(f"{type(self).__name__}.run before start()")
-        if not all(hasattr(model, a) for a in ("sampling", "parser", "request_id")):
-            return failed_result(
-                task, ExitReason.INTERNAL_ERROR, "harness episodes need a token-level model", metrics
-            )
+        spec = model.session_spec()
+        if spec is None:
+            return failed_result(task, ExitReason.INTERNAL_ERROR, NEEDS_TOKENS, metrics)
         session_dir = self._session_dir(episode)
         if session_dir is None:
             return failed_result(
@@ -260,7 +258,7 @@ class CliAgent:
                 f"the sandbox has no session dir of {self.name}: run it through run_episode(agent=...)",
                 metrics,
             )
-        session = open_session(self.gateway, model, agent, task, self.kind)
+        session = open_session(self.gateway, spec, agent, task, self.kind)
         token = secrets.token_hex(16)
         scoped = ScopedApp(self.gateway.app, session.id, token, agent.max_turns or None)
         sock = SessionSocket(session_dir, scoped)
@@ -269,7 +267,7 @@ class CliAgent:
             for name, text in self.files(session_dir, f"/sessions/{session.id}", episode).items():
                 (session_dir / name).write_text(text)
             result = await self._run_cli(episode, session, scoped, session_dir, token)
-            await finish_session(session, task, sb, result, agent)
+            finish_session(session)
             return result
         finally:
             await sock.stop()

@@ -3,7 +3,7 @@ to its own gateway session while it acts in our sandbox; the session's trusted s
 context cap, the task text it is given, and the episode's token record (every segment of the
 session) all work the same way whichever harness acts. Grading is not the harness's: `run_episode`
 grades every agent's episode the same way (`uniagent.tasks.grading`).
-Each harness is its own module: mini_swe_agent.py (in-process), cli_harness.py with claude_code.py
+Each harness is its own module: mini_swe_agent.py (in-process), cli_agent.py with claude_code.py
 and codex.py (real CLIs inside the sandbox).
 """
 
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from uniagent.agent.base import TaskView
 from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import Session, SessionConfig
-from uniagent.sandbox.base import Sandbox
+from uniagent.models.base import SessionSpec
 from uniagent.tokens.drift import episode_drift
 
 log = logging.getLogger(__name__)
@@ -34,10 +33,17 @@ def task_text(task: TaskView) -> str:
     return str(users[-1].get("content", "")) if users else ""
 
 
-def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskView, kind: str) -> Session:
-    """The episode's gateway session: the model's sampling (trusted, capped per turn), parser and
-    request id, the context cap. Every harness agent (mini-swe-agent, the CLIs) opens one."""
-    sampling = model.sampling
+NEEDS_TOKENS = "harness episodes need a token-level model (TokenChatModel)"
+"""The episode's error when its model offers no gateway session (`ChatModel.session_spec()`)."""
+
+
+def open_session(
+    gateway: Gateway, spec: SessionSpec, agent: AgentConfig, task: TaskView, kind: str
+) -> Session:
+    """The episode's gateway session from what its model offers (`ChatModel.session_spec()`):
+    the model's sampling (trusted, capped per turn), parser and request id, the context cap.
+    Every harness agent (mini-swe-agent, the CLIs) opens one."""
+    sampling = spec.sampling
     if agent.max_tokens_per_turn:
         sampling = sampling.model_copy(
             update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
@@ -46,8 +52,8 @@ def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskVie
         SessionConfig(
             sampling=sampling,
             max_context_tokens=agent.max_context_tokens,
-            parser=model.parser.name,
-            request_id=model.request_id,
+            parser=spec.parser,
+            request_id=spec.request_id,
             metadata={"instance_id": task.instance_id, "agent_kind": kind},
         )
     )
@@ -77,11 +83,9 @@ async def attach_segments(session: Session, result: EpisodeResult) -> None:
     result.metrics["completion_tokens"] = sum(t.num_model_tokens for t in trajs)
 
 
-async def finish_session(
-    session: Session, task: TaskView, sb: Sandbox, result: EpisodeResult, agent: AgentConfig
-) -> None:
+def finish_session(session: Session) -> None:
     """A harness episode's end: the session finalized, unless it was already aborted or closed.
-    The reward is `run_episode`'s to give, after the agent returns (none here yet)."""
+    No reward is set here: grading is `run_episode`'s alone, after the agent returns (the
+    session is deleted before then, so it never carries a verdict)."""
     if session.state == "open":
         session.state = "finalized"
-        session.reward = result.reward.value if result.reward else None

@@ -1,6 +1,6 @@
 """The `claude-code[:PRESET|:FILE.yaml]` agent: the real Claude Code CLI (`claude -p`) in the
 episode's sandbox, talking Anthropic Messages to its gateway session over the session's unix
-socket (`ANTHROPIC_UNIX_SOCKET`; no forwarder, no network). Shared machinery: cli_harness.py.
+socket (`ANTHROPIC_UNIX_SOCKET`; no forwarder, no network). Shared machinery: cli_agent.py.
 
 Presets: `trimmed` (default) offers only the Bash tool (`--tools Bash`), keeping Claude Code's
 own system prompt: ~2.3K tokens, so an 8K model has room for turns; `bare` adds `--bare` (~0.6K);
@@ -11,6 +11,7 @@ Side traffic is off by its documented switch (`CLAUDE_CODE_DISABLE_NONESSENTIAL_
 telemetry, error reports, the auto-updater, the title call), retries are 0, and the billing
 header and prompt caching marks are dropped so histories compare cleanly. Inside the sandbox the
 process is uid 0, so `IS_SANDBOX=1` is what allows `--dangerously-skip-permissions`.
+`agent.command_timeout_s` is its Bash tool's default timeout (`BASH_DEFAULT_TIMEOUT_MS`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
-from uniagent.gateway.cli_harness import SOCKET, CliAgent, cli_config, cli_doctor, exports
-from uniagent.gateway.harness import task_text
 from uniagent.gateway.sessions import Session
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
 PRESETS: dict[str, list[str]] = {
@@ -66,6 +67,9 @@ class ClaudeCodeAgent(CliAgent):
             "DISABLE_PROMPT_CACHING": "1",
             "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
             "CLAUDE_CODE_DISABLE_THINKING": "1",
+            # The agent's per-command timeout is the Bash tool's default; as with our bash tool,
+            # a call may ask for more, up to Claude Code's max (max(10 min, the default)).
+            "BASH_DEFAULT_TIMEOUT_MS": str(max(1, round(episode.config.command_timeout_s * 1000))),
             **self.cli.env,
         }
         turns = ["--max-turns", str(episode.config.max_turns)] if episode.config.max_turns else []
