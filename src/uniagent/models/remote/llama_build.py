@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 from uniagent import cpu
-from uniagent.jsonio import write_json_atomic
+from uniagent.jsonio import atomic_path, write_json_atomic
 
 VERSION = "0.3.36"  # llama-cpp-python, whose sdist vendors the llama.cpp we build
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
@@ -244,9 +244,9 @@ def build(variant: Variant, dest: Path, jobs: int) -> None:
                 sys.stderr.write("\n".join(log.read_text(errors="replace").splitlines()[-40:]) + "\n")
                 raise SystemExit(f"build-llama-server: {' '.join(cmd[:2])} failed (log: {log})")
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(work / "build" / "bin" / "llama-server", dest / ".llama-server.tmp")
+    with atomic_path(dest / "llama-server") as tmp:
+        shutil.copy2(work / "build" / "bin" / "llama-server", tmp)
     shutil.copy2(src / "LICENSE", dest / "LICENSE")
-    os.replace(dest / ".llama-server.tmp", dest / "llama-server")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -255,11 +255,8 @@ def _link_current(name: str) -> None:
     with contextlib.suppress(OSError):
         if os.readlink(root / "current") == name:
             return
-    tmp = root / f".current.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(name)
-    os.replace(tmp, root / "current")
+    with atomic_path(root / "current") as tmp:
+        tmp.symlink_to(name)
 
 
 def ensure(
