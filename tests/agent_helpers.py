@@ -14,6 +14,8 @@ from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
+from uniagent.tasks import load_tasks
+from uniagent.tasks.swe import SweTask
 from uniagent.tokens import ChatCodec
 
 
@@ -115,3 +117,10 @@ def make_swe_task_file(root: Path) -> Path:
     path = root / "tasks.jsonl"
     path.write_text(json.dumps(row) + "\n")
     return path
+
+
+def swe_task(root: Path) -> SweTask:
+    """The one task of `make_swe_task_file(root)`, loaded."""
+    [task] = load_tasks(str(make_swe_task_file(root)))
+    assert isinstance(task, SweTask)
+    return task

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 from conftest import needs_bwrap
+from run_helpers import write_turns
 from uniagent.agent import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.mini_swe_agent import HarnessGateway, parse_kind
@@ -182,15 +183,9 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
     fix = (
         f"cat > /tmp/fix.diff <<'UA_EOF'\n{task.row['patch']}UA_EOF\ngit apply /tmp/fix.diff && echo applied"
     )
-    replay = tmp_path / "replay.jsonl"
-    lines = []
-    for i, text in enumerate([bash(fix), bash(SUBMIT)]):
-        ids = codec.encode(text) + codec.eot_ids
-        rec = ReplayRecord(
-            f"{task.instance_id}#0", Generation(ids, [-0.1] * len(ids), "stop"), i, None, "0" * 64
-        )
-        lines.append(json.dumps(rec.to_json()))
-    replay.write_text("\n".join(lines) + "\n")
+    replay = write_turns(
+        tmp_path / "replay.jsonl", codec, {f"{task.instance_id}#0": [bash(fix), bash(SUBMIT)]}
+    )
     out = tmp_path / "run"
     cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter", "--output", str(out)]
     proc = subprocess.run(

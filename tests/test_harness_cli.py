@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from conftest import needs, needs_bwrap
+from run_helpers import write_turns
 from test_gateway_harness import script
 from uniagent.agent import AgentConfig
 from uniagent.agent.registry import open_agent
@@ -30,8 +31,7 @@ from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir
 from uniagent.gateway.sessions import SessionConfig
-from uniagent.models.base import Generation, SamplingParams
-from uniagent.models.replay import ReplayRecord
+from uniagent.models.base import SamplingParams
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.sandbox.base import Sandbox
@@ -270,15 +270,9 @@ def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: Chat
     """`uniagent run --agent claude-code|codex`: the same tasks, verifier, store and exit reasons."""
     task = load_tasks("builtin:starter")[1]
     fix = gold_fix(task)
-    replay = tmp_path / "replay.jsonl"
-    lines = []
-    for i, text in enumerate([call(harness, fix), "Fixed."]):
-        ids = codec.encode(text) + codec.eot_ids
-        rec = ReplayRecord(
-            f"{task.instance_id}#0", Generation(ids, [-0.1] * len(ids), "stop"), i, None, "0" * 64
-        )
-        lines.append(json.dumps(rec.to_json()))
-    replay.write_text("\n".join(lines) + "\n")
+    replay = write_turns(
+        tmp_path / "replay.jsonl", codec, {f"{task.instance_id}#0": [call(harness, fix), "Fixed."]}
+    )
     out = tmp_path / "run"
     cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter", "--output", str(out)]
     proc = subprocess.run(
