@@ -8,8 +8,12 @@ generate.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent_helpers import call
 from uniagent.models.base import Generation
@@ -79,3 +83,24 @@ def replay_run_args(
     for item in sets:
         args += ["--set", item]
     return args
+
+
+def run_one_task(
+    tmp_path: Path, codec: ChatCodec, task: Task, turns: list[str], *options: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`uniagent run` as a real CLI process on starter `task` alone, the model's `turns` replayed,
+    then `options`; asserts it exits 0 and returns its summary and its one stored row."""
+    replay = write_turns(tmp_path / "replay.jsonl", codec, {f"{task.instance_id}#0": turns})
+    out = tmp_path / "run"
+    args = starter_run(replay, out, "--set", f"tasks.ids=[{task.instance_id}]", *options)
+    proc = subprocess.run(
+        [sys.executable, "-m", "uniagent.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return summary, row
