@@ -54,6 +54,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from uniagent.jsonio import write_text_atomic
 from uniagent.train.outputs import METRICS, plot_comparison, read_metrics, staleness_totals, wall_clock
 
 BENCH = "train_async"
@@ -349,9 +350,7 @@ def summarise(
     summary["png"] = str(png) if png else None
     for line in figure_lines(summary, context):
         print(json.dumps(line), flush=True)
-    tmp = out / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out / SUMMARY)
+    write_text_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
 
 

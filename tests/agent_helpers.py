@@ -4,6 +4,7 @@ SWE task built with real git in a temp dir."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -13,6 +14,8 @@ from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
+from uniagent.tasks import load_tasks
+from uniagent.tasks.swe import SweTask
 from uniagent.tokens import ChatCodec
 
 
@@ -50,6 +53,28 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *env_args, *args], cwd=cwd, check=True, capture_output=True, text=True
     ).stdout
+
+
+def make_patch(tmp_path: Path, repo: Path, files: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    """A git diff of `files` (path -> new content) against a copy of `repo` as the agent sees it
+    (without the `skip` patterns: files the task keeps from the agent)."""
+    work = tmp_path / "patch-work"
+    shutil.copytree(repo, work, ignore=shutil.ignore_patterns(*skip))
+    git(work, "init", "-q")
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "base")
+    for path, text in files.items():
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
+        (work / path).write_text(text)
+    git(work, "add", "-A")
+    return git(work, "diff", "--cached")
+
+
+# A conftest.py that reports every test passed: what a cheating patch adds to fake the grade.
+FORCE_PASS_CONFTEST = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
 
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef neg(a):\n    return -a\n"
@@ -92,3 +117,10 @@ def make_swe_task_file(root: Path) -> Path:
     path = root / "tasks.jsonl"
     path.write_text(json.dumps(row) + "\n")
     return path
+
+
+def swe_task(root: Path) -> SweTask:
+    """The one task of `make_swe_task_file(root)`, loaded."""
+    [task] = load_tasks(str(make_swe_task_file(root)))
+    assert isinstance(task, SweTask)
+    return task

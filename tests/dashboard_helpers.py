@@ -9,7 +9,6 @@ trajectory, not trainable) is added with `RunStore.put`, as the runner would sto
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,9 +21,7 @@ from typing import Any
 import httpx
 
 from agent_helpers import call
-from run_helpers import gold_turns
-from uniagent.models.base import Generation
-from uniagent.models.replay import ReplayRecord
+from run_helpers import gold_turns, write_turns
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.tasks import load_tasks
 from uniagent.tokens import ChatCodec
@@ -51,16 +48,9 @@ def scripts(tasks: list[Any]) -> dict[tuple[str, int], list[str]]:
 
 
 def write_replay(path: Path, codec: ChatCodec, plan: dict[tuple[str, int], list[str]]) -> Path:
-    lines = []
-    for (iid, sample), turns in plan.items():
-        for turn, text in enumerate(turns):
-            ids = codec.encode(text) + codec.eot_ids
-            # Varied logprobs so the token view's shading has something to show.
-            logprobs = [-((k * 7) % 23) / 9.0 for k in range(len(ids))]
-            rec = ReplayRecord(f"{iid}#{sample}", Generation(ids, logprobs, "stop"), turn, None, "0" * 64)
-            lines.append(json.dumps(rec.to_json()))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    # Varied logprobs so the token view's shading has something to show.
+    turns = {f"{iid}#{sample}": texts for (iid, sample), texts in plan.items()}
+    return write_turns(path, codec, turns, lambda n: [-((k * 7) % 23) / 9.0 for k in range(n)])
 
 
 def infra_failure_row(instance_id: str = "infra-001", sample: int = 0) -> dict[str, Any]:
@@ -106,6 +96,14 @@ def replay_run(base: Path, codec: ChatCodec) -> Path:
     store.close()
     _CACHE["run"] = out
     return out
+
+
+def stored_rows(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The run's stored rows by (instance, sample)."""
+    store = RunStore(run_dir / "run.db", readonly=True)
+    rows = {(r["instance_id"], r["sample"]): r for r in store.rows()}
+    store.close()
+    return rows
 
 
 def copy_run(src: Path, dst: Path) -> Path:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import call, make_swe_task_file, scripted_model
+from agent_helpers import call, scripted_model, swe_task
 from conftest import needs_bwrap
 from test_openai_chat import SECRET, endpoint, server  # noqa: F401 - fixtures: a stand-in endpoint
 from test_openai_chat import model as oa_model
 from uniagent.agent import AgentConfig, ExitReason, Reward
-from uniagent.tasks import load_tasks, run_episode
+from uniagent.tasks import run_episode
 from uniagent.tasks.swe import SweTask
 from uniagent.tokens import ChatCodec
 
@@ -27,9 +27,7 @@ FIX = [
 
 @pytest.fixture
 def task(tmp_path: Path) -> SweTask:
-    [t] = load_tasks(str(make_swe_task_file(tmp_path)))
-    assert isinstance(t, SweTask)
-    return t
+    return swe_task(tmp_path)
 
 
 async def test_correct_fix_resolves_with_an_exact_trajectory(task: SweTask, codec: ChatCodec) -> None:

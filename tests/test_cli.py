@@ -22,6 +22,7 @@ from typer.testing import CliRunner, Result
 
 from conftest import needs_bwrap, require_module
 from dashboard_helpers import free_port
+from run_helpers import starter_run
 from uniagent import __version__, cli
 from uniagent.demo import MAX_RESULT_BITS, calculate, run_tool
 from uniagent.models.base import Generation
@@ -201,19 +202,9 @@ def test_run_on_a_ray_cluster_given_by_address(tmp_path: Path, codec: ChatCodec)
         run = subprocess.run(
             [
                 *CLI,
-                "run",
-                "--tasks",
-                "builtin:starter",
-                "--model",
-                f"replay:{replay}",
-                "--backend",
-                "ray",
-                "--ray-address",
-                f"127.0.0.1:{port}",
-                "--limit",
-                "1",
-                "--output",
-                str(out),
+                *starter_run(
+                    replay, out, "--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--limit", "1"
+                ),
             ],
             capture_output=True,
             text=True,

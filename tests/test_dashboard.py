@@ -23,6 +23,7 @@ from dashboard_helpers import (
     copy_run,
     infra_failure_row,
     replay_run,
+    stored_rows,
 )
 from segment_helpers import segmented_run, two_segment_result
 from uniagent.runner import RunStore, summarize
@@ -53,10 +54,7 @@ def client(run_dir: Path):
 
 @pytest.fixture(scope="module")
 def stored(run_dir: Path) -> dict[tuple[str, int], dict]:
-    store = RunStore(run_dir / "run.db", readonly=True)
-    rows = {(r["instance_id"], r["sample"]): r for r in store.rows()}
-    store.close()
-    return rows
+    return stored_rows(run_dir)
 
 
 def test_runs_summary_matches_the_store(client: TestClient, run_dir: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs, needs_bwrap, require_module
-from dashboard_helpers import DashboardServer, copy_run, replay_run
+from dashboard_helpers import DashboardServer, copy_run, replay_run, stored_rows
 from segment_helpers import segmented_run
 from uniagent.runner import RunStore
 from uniagent.tokens import ChatCodec
@@ -91,10 +91,7 @@ def page(browser_context):
 
 @pytest.fixture(scope="module")
 def stored(run_dir: Path) -> dict[tuple[str, int], dict]:
-    store = RunStore(run_dir / "run.db", readonly=True)
-    rows = {(r["instance_id"], r["sample"]): r for r in store.rows()}
-    store.close()
-    return rows
+    return stored_rows(run_dir)
 
 
 def rows_shown(page) -> list[str]:

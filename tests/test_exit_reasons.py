@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel
 
-from agent_helpers import call, make_swe_task_file, scripted_model
+from agent_helpers import call, scripted_model, swe_task
 from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import AgentConfig, AgentInteraction, ExitReason
 from uniagent.sandbox.base import Sandbox
-from uniagent.tasks import load_tasks, run_episode
+from uniagent.tasks import run_episode
 from uniagent.tasks.swe import SweTask
 from uniagent.tokens import ChatCodec
 from uniagent.tools import Tool, ToolResult
@@ -27,9 +27,7 @@ pytestmark = needs_bwrap
 
 @pytest.fixture
 def task(tmp_path: Path) -> SweTask:
-    [t] = load_tasks(str(make_swe_task_file(tmp_path)))
-    assert isinstance(t, SweTask)
-    return t
+    return swe_task(tmp_path)
 
 
 async def test_wall_time_ends_in_timeout_budget_and_stays_trainable(task: SweTask, codec: ChatCodec) -> None:

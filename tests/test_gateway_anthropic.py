@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,10 @@ import httpx
 import pytest
 
 from test_gateway import model_segments, new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
-from uniagent.gateway.sessions import ContextLengthError, GatewayError, Turn
-from uniagent.gateway.wire import Exchange, WireRequest
+from uniagent.gateway.sessions import ContextLengthError, GatewayError
 from uniagent.gateway.wire.anthropic import AnthropicMessages
-from uniagent.models.base import Generation
 from uniagent.parsers.base import ToolCall
+from wire_helpers import events, wire_stand_ins
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gateway"
 WIRE = AnthropicMessages()
@@ -48,17 +46,7 @@ def call(command: str) -> str:
     return f"<tool_call>\n{json.dumps({'name': 'Bash', 'arguments': {'command': command}})}\n</tool_call>"
 
 
-def turn(content: str, calls: list[ToolCall] = (), finish: str = "stop", n: int = 7) -> Turn:
-    return Turn(content, content, list(calls), None, finish, Generation([1] * n, [-0.1] * n, "stop"), 42, 0)
-
-
-def exchange() -> Exchange:
-    return Exchange("uniagent", 42, WireRequest([], None), lambda ids: "")
-
-
-async def events(*items: tuple[str, Any]) -> AsyncIterator[tuple[str, Any]]:
-    for item in items:
-        yield item
+turn, exchange = wire_stand_ins(prompt_tokens=42, n=7)
 
 
 def parse_sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:

@@ -8,7 +8,6 @@ mini's DefaultAgent, its litellm model and prompts, the gateway, the sandbox, th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from conftest import needs_bwrap
+from run_helpers import run_one_task
 from uniagent.agent import AgentConfig
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.harness.mini_swe_agent import HarnessGateway, parse_kind
@@ -182,42 +182,21 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
     fix = (
         f"cat > /tmp/fix.diff <<'UA_EOF'\n{task.row['patch']}UA_EOF\ngit apply /tmp/fix.diff && echo applied"
     )
-    replay = tmp_path / "replay.jsonl"
-    lines = []
-    for i, text in enumerate([bash(fix), bash(SUBMIT)]):
-        ids = codec.encode(text) + codec.eot_ids
-        rec = ReplayRecord(
-            f"{task.instance_id}#0", Generation(ids, [-0.1] * len(ids), "stop"), i, None, "0" * 64
-        )
-        lines.append(json.dumps(rec.to_json()))
-    replay.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "run"
-    cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter", "--output", str(out)]
-    proc = subprocess.run(
-        [
-            *cli,
-            "--model",
-            f"replay:{replay}",
-            "--set",
-            f"tasks.ids=[{task.instance_id}]",
-            "--set",
-            "agent_kind=mini-swe-agent",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ.copy(),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    turns = [bash(fix), bash(SUBMIT)]
+    summary, row = run_one_task(tmp_path, codec, task, turns, "--set", "agent_kind=mini-swe-agent")
     assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}
-    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert row["drift"] is None and row["metrics"]["agent_kind"] == "mini-swe-agent"
     segments = row["segments"]
     assert sum(t["num_turns"] for t in segments) == 2 and all(sum(t["response_mask"]) for t in segments)
 
     # harness agents run on Ray too now (test_agent_seam.py); an unknown kind is one line, exit 2
-    bad = subprocess.run([*cli, "--agent", "aider"], capture_output=True, text=True, timeout=120)
+    cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter"]
+    bad = subprocess.run(
+        [*cli, "--output", str(tmp_path / "run"), "--agent", "aider"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "agent_kind" in bad.stderr
     assert "known: react, mini-swe-agent, claude-code, codex" in bad.stderr
 

@@ -10,7 +10,6 @@ real SmolLM2 call (LocalEngine).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from test_gateway import call, model_segments, new_session, scripted, serve, trajectories  # noqa: F401  (serve: fixture)
-from uniagent.gateway.sessions import GatewayError, Turn
-from uniagent.gateway.wire import Exchange, WireRequest
+from uniagent.gateway.sessions import GatewayError
 from uniagent.gateway.wire.responses import OpenAIResponses
-from uniagent.models.base import Generation
 from uniagent.parsers.base import ToolCall
+from wire_helpers import events, wire_stand_ins
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gateway"
 WIRE = OpenAIResponses()
@@ -40,17 +38,7 @@ def codex_request() -> dict[str, Any]:
     return json.loads((FIXTURES / "codex_0.171.0_min.json").read_text())
 
 
-def turn(content: str, calls: list[ToolCall] = (), finish: str = "stop", n: int = 5) -> Turn:
-    return Turn(content, content, list(calls), None, finish, Generation([1] * n, [-0.1] * n, "stop"), 30, 0)
-
-
-def exchange() -> Exchange:
-    return Exchange("uniagent", 30, WireRequest([], None), lambda ids: "")
-
-
-async def events(*items: tuple[str, Any]) -> AsyncIterator[tuple[str, Any]]:
-    for item in items:
-        yield item
+turn, exchange = wire_stand_ins(prompt_tokens=30, n=5)
 
 
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from agent_helpers import make_patch
 from conftest import needs_bwrap
 from test_grader_inprocess import HELP, REPORT_PATCH
-from test_tasks_r2e_gym import FIXTURES, ROWS, make_patch, swebench_repo_row
+from test_tasks_r2e_gym import FIXTURES, ROWS, swebench_repo_row
 from uniagent.tasks import witness
 from uniagent.tasks.loading import load_rows
 from uniagent.tasks.r2e_gym import R2EGymTask

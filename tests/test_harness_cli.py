@@ -10,11 +10,8 @@ gateway, the session socket, the sandbox, the starter tasks' verifier.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import httpx
 import pytest
 
 from conftest import needs, needs_bwrap
+from run_helpers import run_one_task
 from test_gateway_harness import script
 from uniagent.agent import AgentConfig
 from uniagent.agent.registry import open_agent
@@ -30,8 +28,7 @@ from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import SessionConfig
 from uniagent.harness.cli_agent import ScopedApp, SessionSocket, cli_dir
-from uniagent.models.base import Generation, SamplingParams
-from uniagent.models.replay import ReplayRecord
+from uniagent.models.base import SamplingParams
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.sandbox.base import Sandbox
@@ -307,28 +304,8 @@ def test_uniagent_run_with_a_cli_agent(harness: str, tmp_path: Path, codec: Chat
     """`uniagent run --agent claude-code|codex`: the same tasks, verifier, store and exit reasons."""
     task = load_tasks("builtin:starter")[1]
     fix = gold_fix(task)
-    replay = tmp_path / "replay.jsonl"
-    lines = []
-    for i, text in enumerate([call(harness, fix), "Fixed."]):
-        ids = codec.encode(text) + codec.eot_ids
-        rec = ReplayRecord(
-            f"{task.instance_id}#0", Generation(ids, [-0.1] * len(ids), "stop"), i, None, "0" * 64
-        )
-        lines.append(json.dumps(rec.to_json()))
-    replay.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "run"
-    cli = [sys.executable, "-m", "uniagent.cli", "run", "--tasks", "builtin:starter", "--output", str(out)]
-    proc = subprocess.run(
-        [*cli, "--model", f"replay:{replay}", "--set", f"tasks.ids=[{task.instance_id}]", "--agent", harness],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ.copy(),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary, row = run_one_task(tmp_path, codec, task, [call(harness, fix), "Fixed."], "--agent", harness)
     assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}, summary
-    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert row["drift"] is None and row["metrics"]["agent_kind"] == harness
     assert row["metrics"]["model_calls"] == 2 and sum(t["num_turns"] for t in row["segments"]) == 2
 

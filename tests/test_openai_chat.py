@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from http_helpers import serve_app
 from uniagent.errors import EngineError
 from uniagent.models.openai_chat import OpenAIChatModel
 from uniagent.parsers import ToolCall, get_parser
@@ -87,21 +86,8 @@ def server():
         def __getattr__(self, name: str) -> Any:
             return getattr(script_holder["script"], name)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = make_app(Proxy())  # type: ignore[arg-type]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert time.monotonic() < deadline, "stand-in server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1", script_holder
-    uv.should_exit = True
-    thread.join(5)
-    sock.close()
+    with serve_app(make_app(Proxy())) as url:  # type: ignore[arg-type]
+        yield f"{url}/v1", script_holder
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_bwrap, require_module
-from run_helpers import replay_run_args, write_replay
+from run_helpers import replay_run_args, starter_run, write_replay, write_turns
 from uniagent.runner import RunStore, summarize
 from uniagent.runner.summary import pass_at_k
 from uniagent.tasks import load_tasks
@@ -52,19 +52,7 @@ def test_replay_run_on_the_starter_suite(tmp_path: Path, codec: ChatCodec, start
     wrong = {(starter[0].instance_id, 0)}
     replay = write_replay(tmp_path / "replay.jsonl", codec, starter, wrong=wrong)
     out = tmp_path / "run"
-    proc = uniagent(
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{replay}",
-        "--concurrency",
-        "4",
-        "--output",
-        str(out),
-        "--max-turns",
-        "5",
-    )
+    proc = uniagent(*starter_run(replay, out, "--concurrency", "4", "--max-turns", "5"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     n = len(starter)
@@ -150,15 +138,7 @@ def test_existing_run_needs_resume_and_bad_config_exits_2(tmp_path: Path) -> Non
         }
     )
     store.close()
-    proc = uniagent(
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        "replay:/nonexistent",
-        "--output",
-        str(tmp_path / "run"),
-    )
+    proc = uniagent(*starter_run("/nonexistent", tmp_path / "run"))
     assert proc.returncode == 2 and "--resume" in proc.stderr
     proc = uniagent("run", "--set", "model.temprature=1")
     assert proc.returncode == 2 and "model.temprature" in proc.stderr and "Traceback" not in proc.stderr
@@ -176,19 +156,7 @@ def test_ray_backend_on_a_local_cluster(tmp_path: Path, codec: ChatCodec, starte
     ids = ",".join(t.instance_id for t in tasks)
     out = tmp_path / "run"
     proc = uniagent(
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{replay}",
-        "--backend",
-        "ray",
-        "--concurrency",
-        "2",
-        "--output",
-        str(out),
-        "--set",
-        f"tasks.ids=[{ids}]",
+        *starter_run(replay, out, "--backend", "ray", "--concurrency", "2", "--set", f"tasks.ids=[{ids}]")
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -199,29 +167,12 @@ def test_secrets_never_reach_the_store(tmp_path: Path, codec: ChatCodec, starter
     secret = "sk-live-0123456789abcdef"
     task = starter[0]
     from agent_helpers import call
-    from uniagent.models.base import Generation
-    from uniagent.models.replay import ReplayRecord
 
     turns = [call("bash", command=f"echo {secret}"), call("submit")]
-    lines = []
-    for i, text in enumerate(turns):
-        ids = codec.encode(text) + codec.eot_ids
-        rec = ReplayRecord(
-            f"{task.instance_id}#0", Generation(ids, [0.0] * len(ids), "stop"), i, None, "0" * 64
-        )
-        lines.append(json.dumps(rec.to_json()))
-    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    write_turns(tmp_path / "r.jsonl", codec, {f"{task.instance_id}#0": turns}, lambda n: [0.0] * n)
     out = tmp_path / "run"
     proc = uniagent(
-        "run",
-        "--tasks",
-        "builtin:starter",
-        "--model",
-        f"replay:{tmp_path / 'r.jsonl'}",
-        "--output",
-        str(out),
-        "--set",
-        f"tasks.ids=[{task.instance_id}]",
+        *starter_run(tmp_path / "r.jsonl", out, "--set", f"tasks.ids=[{task.instance_id}]"),
         env={"OPENAI_API_KEY": secret},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import needs_bwrap, require_module
-from run_helpers import write_replay
+from run_helpers import starter_run, write_replay
 from uniagent.runner import RunStore
 from uniagent.runner.ray_backend import EpisodeActor
 from uniagent.sandbox import procs
@@ -78,19 +78,9 @@ def test_a_killed_actor_s_episodes_are_redone_and_stored_once(
     run = subprocess.Popen(
         [
             *CLI,
-            "run",
-            "--tasks",
-            "builtin:starter",
-            "--model",
-            f"replay:{replay}",
-            "--backend",
-            "ray",
-            "--ray-address",
-            cluster.address,
-            "--concurrency",
-            "4",
-            "--output",
-            str(out),
+            *starter_run(
+                replay, out, "--backend", "ray", "--ray-address", cluster.address, "--concurrency", "4"
+            ),
             "--set",
             f"tasks.ids=[{','.join(t.instance_id for t in tasks)}]",
             "--set",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import call, git, scripted_model
+from agent_helpers import FORCE_PASS_CONFTEST, call, make_patch, scripted_model
 from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import ExitReason
@@ -166,26 +166,6 @@ def test_parser_and_comparison_follow_r2e_gym() -> None:
 
 
 # -- grading for real ----------------------------------------------------------------------
-def make_patch(tmp_path: Path, repo: Path, files: dict[str, str], skip: tuple[str, ...]) -> str:
-    """A git diff of `files` (path -> new content) against a copy of `repo` as the agent sees it."""
-    work = tmp_path / "patch-work"
-    shutil.copytree(repo, work, ignore=shutil.ignore_patterns(*skip))
-    git(work, "init", "-q")
-    git(work, "add", "-A")
-    git(work, "commit", "-qm", "base")
-    for path, text in files.items():
-        (work / path).parent.mkdir(parents=True, exist_ok=True)
-        (work / path).write_text(text)
-    git(work, "add", "-A")
-    return git(work, "diff", "--cached")
-
-
-FORCE_PASS_CONFTEST = (
-    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
-)
-
-
 @needs_bwrap
 async def test_hidden_tests_decide_and_cannot_be_faked(tasks: list[R2EGymTask], tmp_path: Path) -> None:
     task = tasks[0]

@@ -3,13 +3,12 @@ parser and report) in bubblewrap sandboxes on the local fixture rows."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent_helpers import call, git, scripted_model
+from agent_helpers import FORCE_PASS_CONFTEST, call, make_patch, scripted_model
 from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import ExitReason
@@ -151,26 +150,6 @@ def test_directives_skip_deleted_and_data_files() -> None:
 
 
 # -- grading for real ----------------------------------------------------------------------
-def make_patch(tmp_path: Path, repo: Path, files: dict[str, str]) -> str:
-    """A git diff of `files` (path -> new content) against a copy of `repo`."""
-    work = tmp_path / "patch-work"
-    shutil.copytree(repo, work)
-    git(work, "init", "-q")
-    git(work, "add", "-A")
-    git(work, "commit", "-qm", "base")
-    for path, text in files.items():
-        (work / path).parent.mkdir(parents=True, exist_ok=True)
-        (work / path).write_text(text)
-    git(work, "add", "-A")
-    return git(work, "diff", "--cached")
-
-
-FORCE_PASS_CONFTEST = (
-    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
-)
-
-
 @needs_bwrap
 async def test_gold_passes_empty_and_test_edits_fail(
     tasks: dict[str, SweRebenchTask], tmp_path: Path

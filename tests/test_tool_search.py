@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
-import time
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from http_helpers import serve_app
 from uniagent.errors import ToolError
 from uniagent.tools import SearchTool, build_tools
 from uniagent.tools.search import forget_indexes, fts_query, load_index
@@ -218,20 +216,8 @@ def service():
         scored.sort(key=lambda d: -d["score"])
         return scored[: body["k"]]
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "stand-in server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/search", holder
-    server.should_exit = True
-    thread.join(5)
-    sock.close()
+    with serve_app(app) as url:
+        yield f"{url}/search", holder
 
 
 @pytest.fixture

@@ -15,27 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_helpers import tiny_llama
 from uniagent.train.config import build_train_config
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, smol_tokenizer) -> Path:
     """A 2-layer Llama (hidden 64) with SmolLM2's tokenizer and chat template, saved as a model dir."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=len(smol_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    tiny_llama(len(smol_tokenizer), 4096, tie_word_embeddings=True).save_pretrained(out)
     smol_tokenizer.save_pretrained(out)
     return out
 

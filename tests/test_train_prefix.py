@@ -8,25 +8,14 @@ import random
 import pytest
 import torch
 
+from engine_helpers import tiny_llama
 from uniagent.tokens import Trajectory
 from uniagent.train import algo
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(config).float()
+    return tiny_llama(300, 512).float()
 
 
 def _rows(prompts: list[list[int]], per_prompt: int, seed: int = 0) -> list[Trajectory]:

@@ -53,7 +53,12 @@ def test_round_trip_through_json():
     ],
 )
 def test_invariants_are_enforced(corrupt):
-    d = _traj().to_dict()
+    assert_rejected(_traj(), corrupt)
+
+
+def assert_rejected(traj: Trajectory, corrupt) -> None:
+    """`traj`'s dict, corrupted, does not load."""
+    d = traj.to_dict()
     corrupt(d)
     with pytest.raises(TrajectoryError):
         Trajectory.from_dict(d)
@@ -117,10 +122,7 @@ def test_an_old_record_without_versions_reads_as_unknown():
     ],
 )
 def test_version_invariants_are_enforced(corrupt):
-    d = _versioned().to_dict()
-    corrupt(d)
-    with pytest.raises(TrajectoryError):
-        Trajectory.from_dict(d)
+    assert_rejected(_versioned(), corrupt)
 
 
 def test_generation_needs_a_version_per_token():

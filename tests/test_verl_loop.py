@@ -288,6 +288,14 @@ def run(worker: AgentLoopWorker, batch: DataProto, validate: bool = False) -> Da
     return asyncio.run(worker.generate_sequences(batch))
 
 
+def run_gold(base_config, tokenizer, codec, data_dir, **overrides) -> tuple[EngineServer, DataProto]:
+    """One gold-fix episode through verl's worker under `make_config(base_config, **overrides)`."""
+    server = EngineServer(scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))}), by_instance)
+    config = make_config(base_config, **overrides)
+    worker = make_worker(config, server, tokenizer)
+    return server, run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+
+
 # -- tests ----------------------------------------------------------------------------------------------
 def test_scripted_starter_episodes_through_verls_worker(base_config, tokenizer, codec, data_dir) -> None:
     """Gold fix and empty submission, 2 samples each, through verl's generate_sequences end to end."""
@@ -428,11 +436,7 @@ def test_episode_that_echoes_a_secret_reaches_verl_redacted_and_untrainable(
 
 def test_response_is_cut_at_its_budget(base_config, tokenizer, codec, data_dir) -> None:
     """response_length 48: ids, mask and logprobs cut at the same index; the prompt is untouched."""
-    engine = scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))})
-    server = EngineServer(engine, by_instance)
-    config = make_config(base_config, response_length=48)
-    worker = make_worker(config, server, tokenizer)
-    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+    server, out = run_gold(base_config, tokenizer, codec, data_dir, response_length=48)
     nt = out.non_tensor_batch
     sample = unpad(out, 0)
     first = calls_of(server, nt["request_id"][0])[0]
@@ -448,11 +452,7 @@ def test_response_is_cut_at_its_budget(base_config, tokenizer, codec, data_dir) 
 def test_long_prompt_keeps_its_head(base_config, tokenizer, codec, data_dir) -> None:
     """prompt_length 64 is shorter than the task prompt: the first 64 tokens stay the prompt, the rest
     leads the response as context (mask 0); prompt + response is still the exact sequence."""
-    engine = scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))})
-    server = EngineServer(engine, by_instance)
-    config = make_config(base_config, prompt_length=64)
-    worker = make_worker(config, server, tokenizer)
-    out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
+    server, out = run_gold(base_config, tokenizer, codec, data_dir, prompt_length=64)
     nt = out.non_tensor_batch
     sample = unpad(out, 0)
     calls = calls_of(server, nt["request_id"][0])

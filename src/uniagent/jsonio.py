@@ -14,7 +14,8 @@ import contextlib
 import json
 import math
 import os
-import tempfile
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +55,33 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` so a reader sees the old file or the new one, never a part (a
-    temporary file beside it, renamed over it); the parent folder is made when missing."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], suffix: str = ".tmp") -> Iterator[Path]:
+    """A fresh path beside `path` for the caller to write to (a file, a link, a database); when the
+    block ends it is renamed over `path`, so a reader sees the old file or the new one, never a
+    part; when the block raises it is removed. The parent folder is made when missing.
+
+    Why one helper: every writer of a file that something may read at the same moment (a run
+    store, metrics, a checkpoint, an index, a cached binary) needs this dance, and the copies of it
+    had drifted (some left their temporary behind on failure). The path is not created here, so
+    the writer's own open gives the file its usual mode, and `suffix` keeps a type-sniffing
+    writer happy (matplotlib picks the format from it)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        yield tmp
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

@@ -10,7 +10,6 @@ an error body are redacted too).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
@@ -22,7 +21,7 @@ import openai
 from uniagent.errors import EngineError
 from uniagent.models.base import AssistantTurn, FinishReason
 from uniagent.models.registry import EngineKind
-from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser
+from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, decode_arguments
 
 if TYPE_CHECKING:
     from uniagent.models.config import ModelConfig
@@ -291,9 +290,10 @@ class OpenAIChatModel:
                 }
             )
             try:
-                arguments = json.loads(function.arguments or "{}")
-            except json.JSONDecodeError as exc:
-                problems.append(f"arguments of call to {function.name!r} are not valid JSON ({exc.msg})")
+                arguments = decode_arguments(function.arguments)
+            except ValueError as exc:
+                detail = getattr(exc, "msg", exc)
+                problems.append(f"arguments of call to {function.name!r} are not valid JSON ({detail})")
                 continue
             if not isinstance(arguments, dict):
                 problems.append(f"arguments of call to {function.name!r} must be a JSON object")

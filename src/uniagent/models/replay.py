@@ -14,12 +14,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from uniagent.errors import ConfigError, EngineError
+from uniagent.jsonio import atomic_path
 from uniagent.models.base import Generation, SamplingParams, TokenEngine
 from uniagent.models.registry import EngineKind
 
@@ -136,17 +136,9 @@ def save_records(
     records: list[ReplayRecord], path: str | os.PathLike[str], include_prompts: bool = True
 ) -> None:
     """Write a JSONL recording atomically (a crash never leaves half a file behind)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record.to_json(include_prompts), ensure_ascii=False) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record.to_json(include_prompts), ensure_ascii=False) + "\n")
 
 
 def _copy(generation: Generation) -> Generation:

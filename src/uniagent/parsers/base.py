@@ -30,6 +30,23 @@ def call_id(n: int) -> str:
     return f"call_{n}"
 
 
+def decode_arguments(raw: Any) -> Any:
+    """A call's `arguments` as OpenAI-style replies carry them: a JSON string, decoded; a blank
+    string or none at all means no arguments (`{}`); any other value is returned as given (the
+    caller checks it is an object). Raises `ValueError` for a string that is not JSON, or JSON
+    nested too deeply to read. One reading for the parsers and the OpenAI client's native calls."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, str):
+        return raw
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 @dataclass
 class ToolCall:
     """One parsed call: tool name and its (schema-coerced) arguments."""

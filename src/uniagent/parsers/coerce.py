@@ -12,7 +12,16 @@ import json
 import re
 from typing import Any
 
-from uniagent.parsers.base import CallRenderer, Specs, ToolCall, ToolFormatError, ToolSpec, format_error
+from uniagent.parsers.base import (
+    CallRenderer,
+    Specs,
+    ToolCall,
+    ToolFormatError,
+    ToolSpec,
+    format_error,
+    normalize_tools,
+)
+from uniagent.parsers.text import NO_TOOLS, tools_header
 
 # Tried in this order when a schema allows several non-string types: the strictest readings first,
 # so "1" becomes 1 rather than 1.0 and "null" becomes None rather than failing as a number.
@@ -186,3 +195,30 @@ def checked_call(
     if problems:
         raise tool_error(f"{where} to {name!r}: " + "; ".join(problems) + ".", specs, render, name)
     return ToolCall(name, coerce_arguments(arguments, spec))
+
+
+def call_format_prompt(
+    tools: list[dict[str, Any]], render: CallRenderer, how: str, open_tag: str, rules: tuple[str, ...] = ()
+) -> str:
+    """Self-contained tool prompt for templates without native tool support: the tool list, `how`
+    (the format, ending in a blank line), an example call, then the rules every format shares with
+    the format's own `rules` after the first. One text, so the formats' prompts cannot drift."""
+    specs = normalize_tools(tools) or {}
+    if not specs:
+        return NO_TOOLS
+    example = render(example_call(next(iter(specs.values()))))
+    lines = (
+        "Write any reasoning before the first tool call.",
+        *rules,
+        f"For several calls, write several {open_tag} blocks one after another.",
+        "Use only the tools and parameter names listed above, and give every required parameter.",
+        "After your tool calls, stop and wait for the results.",
+        "If no tool is needed, answer directly without any tool call.",
+    )
+    return (
+        tools_header(specs.values())
+        + how
+        + f"For example:\n{example}\n\n"
+        + "Rules:\n"
+        + "\n".join(f"- {line}" for line in lines)
+    )

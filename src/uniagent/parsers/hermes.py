@@ -10,9 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from uniagent.parsers.base import ParseResult, Specs, ToolCall, ToolFormatError, normalize_tools
-from uniagent.parsers.coerce import checked_call, example_call, tool_error
-from uniagent.parsers.text import NO_TOOLS, tools_header
+from uniagent.parsers.base import (
+    ParseResult,
+    Specs,
+    ToolCall,
+    ToolFormatError,
+    decode_arguments,
+    normalize_tools,
+)
+from uniagent.parsers.coerce import call_format_prompt, checked_call, tool_error
 from uniagent.parsers.text import skip_ws as _skip_ws
 from uniagent.parsers.text import snippet as _snippet
 
@@ -81,14 +87,10 @@ class HermesParser:
         if not name:
             raise self._error(f'{where} has no "name" (a non-empty string naming the tool).', specs)
         # "parameters" is what Llama-style prompts ask for; accepting it costs nothing and saves a retry.
-        args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
-        if isinstance(args, str):  # OpenAI-style double encoding
-            try:
-                args = json.loads(args) if args.strip() else None
-            except (ValueError, RecursionError):
-                args = ""
-        if args is None:
-            args = {}
+        try:  # a string is OpenAI-style double encoding
+            args = decode_arguments(obj["arguments"] if "arguments" in obj else obj.get("parameters"))
+        except ValueError:
+            args = ""  # reported below: not an object
         if not isinstance(args, dict):
             raise self._error(f'{where} to {name!r}: "arguments" must be a JSON object.', specs, name)
         return checked_call(name, args, specs, self.render_call, where)
@@ -103,20 +105,9 @@ class HermesParser:
 
     def format_instructions(self, tools: list[dict[str, Any]]) -> str:
         """Self-contained tool prompt for templates without native tool support."""
-        specs = normalize_tools(tools) or {}
-        if not specs:
-            return NO_TOOLS
-        example = self.render_call(example_call(next(iter(specs.values()))))
-        return (
-            tools_header(specs.values())
-            + "To call a tool, write a JSON object with the tool name and its arguments between "
+        how = (
+            "To call a tool, write a JSON object with the tool name and its arguments between "
             f"{OPEN} and {CLOSE} tags, exactly like this:\n"
             f'{OPEN}\n{{"name": <tool-name>, "arguments": <arguments-json-object>}}\n{CLOSE}\n\n'
-            f"For example:\n{example}\n\n"
-            "Rules:\n"
-            "- Write any reasoning before the first tool call.\n"
-            f"- For several calls, write several {OPEN} blocks one after another.\n"
-            "- Use only the tools and parameter names listed above, and give every required parameter.\n"
-            "- After your tool calls, stop and wait for the results.\n"
-            "- If no tool is needed, answer directly without any tool call."
         )
+        return call_format_prompt(tools, self.render_call, how, OPEN)

@@ -11,8 +11,7 @@ import re
 from typing import Any
 
 from uniagent.parsers.base import ParseResult, Specs, ToolCall, ToolFormatError, normalize_tools
-from uniagent.parsers.coerce import checked_call, example_call, tool_error
-from uniagent.parsers.text import NO_TOOLS, tools_header
+from uniagent.parsers.coerce import call_format_prompt, checked_call, tool_error
 from uniagent.parsers.text import skip_ws as _skip_ws
 from uniagent.parsers.text import snippet as _snippet
 
@@ -155,25 +154,14 @@ class XMLParser:
 
     def format_instructions(self, tools: list[dict[str, Any]]) -> str:
         """Self-contained tool prompt for templates without native tool support."""
-        specs = normalize_tools(tools) or {}
-        if not specs:
-            return NO_TOOLS
-        example = self.render_call(example_call(next(iter(specs.values()))))
-        return (
-            tools_header(specs.values())
-            + "To call a tool, write exactly this format, each tag on its own line:\n"
+        how = (
+            "To call a tool, write exactly this format, each tag on its own line:\n"
             f"{OPEN}\n{FUNC}tool_name>\n{PARAM}parameter_name>\nvalue\n{PARAM_CLOSE}\n"
             f"{PARAM}other_parameter>\nA value can be plain text\nspanning several lines.\n{PARAM_CLOSE}\n"
             f"{FUNC_CLOSE}\n{CLOSE}\n\n"
-            f"For example:\n{example}\n\n"
-            "Rules:\n"
-            "- Write any reasoning before the first tool call.\n"
-            "- Write values as plain text, without quotes or escaping; write arrays and objects as JSON.\n"
-            f"- For several calls, write several {OPEN} blocks one after another.\n"
-            "- Use only the tools and parameter names listed above, and give every required parameter.\n"
-            "- After your tool calls, stop and wait for the results.\n"
-            "- If no tool is needed, answer directly without any tool call."
         )
+        values = "Write values as plain text, without quotes or escaping; write arrays and objects as JSON."
+        return call_format_prompt(tools, self.render_call, how, OPEN, (values,))
 
 
 def qwen3_coder() -> XMLParser:

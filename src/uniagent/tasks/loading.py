@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -64,15 +65,31 @@ def _check(rows: list[Any], p: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def json_list(value: Any, field: str) -> list[str]:
-    """SWE-bench stores test lists as JSON strings in some releases and lists in others."""
+def json_field(value: Any, field: str, *, literals: bool = False) -> Any:
+    """A row field that datasets store either as the value itself or as its JSON text (SWE-bench's
+    test lists in some releases, R2E-Gym's commit objects); with `literals`, Python literal text
+    too (SWE-rebench V2 samples). Blank text is `None`. One reading for every task family."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if not literals:
+            raise ConfigError(f"{field} is a string but not valid JSON") from None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ConfigError(f"{field} is a string but neither JSON nor a Python literal") from None
+
+
+def json_list(value: Any, field: str, *, literals: bool = False) -> list[str]:
+    """A list of test ids, stored as a list or as its text (`json_field`); none is an empty list."""
+    value = json_field(value, field, literals=literals)
     if value is None:
         return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{field} is a string but not a JSON list") from None
-    if not isinstance(value, list):
+    if not isinstance(value, list | tuple):
         raise ConfigError(f"{field} must be a list of test ids")
     return [str(v) for v in value]

@@ -33,7 +33,6 @@ it runs in the local sandbox.
 from __future__ import annotations
 
 import io
-import json
 import posixpath
 import re
 import secrets
@@ -46,7 +45,7 @@ from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.shell import ExecResult
 from uniagent.tasks import repo, witness
-from uniagent.tasks.loading import json_list
+from uniagent.tasks.loading import json_field, json_list
 from uniagent.tasks.r2e_commit import commit_patch
 from uniagent.tasks.swe import PatchApplyError, SweTask, split_patch, strip_test_changes
 
@@ -136,11 +135,7 @@ def compare_r2e(parsed: dict[str, str], expected: dict[str, str]) -> tuple[bool,
 
 
 def _json_obj(value: Any, field: str) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{field} is not valid JSON") from None
+    value = json_field(value, field)
     if not isinstance(value, dict):
         raise ConfigError(f"{field} must be a JSON object")
     return value

@@ -24,14 +24,13 @@ A row with `repo_dir` runs in the local sandbox from that directory instead of a
 
 from __future__ import annotations
 
-import ast
-import json
 import logging
 from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks import witness
+from uniagent.tasks.loading import json_field, json_list
 from uniagent.tasks.swe import SweTask, split_patch
 
 log = logging.getLogger(__name__)
@@ -47,32 +46,6 @@ CONDA_ACTIVATE = (
 )
 # Files of a test patch that are data, not tests to run (the fork appends the rest to test_cmd).
 _NON_TEST_EXTS_FALLBACK = [".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml"]
-
-
-def structured(value: Any, field: str) -> Any:
-    """A JSON-ish field: an object, a JSON string, or a Python literal string (V2 samples)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise ConfigError(f"{field} is a string but neither JSON nor a Python literal") from None
-
-
-def parse_test_list(value: Any, field: str) -> list[str]:
-    value = structured(value, field)
-    if value is None:
-        return []
-    if not isinstance(value, list | tuple):
-        raise ConfigError(f"{field} must be a list of test ids")
-    return [str(v) for v in value]
 
 
 def conventional_image(instance_id: str, namespace: str = IMAGE_NAMESPACE) -> str:
@@ -126,7 +99,7 @@ class SweRebenchTask(SweTask):
     family = "swe_rebench"
 
     def __init__(self, row: dict[str, Any], source: str | None = None) -> None:
-        ic = structured(row.get("install_config"), "install_config") or {}
+        ic = json_field(row.get("install_config"), "install_config", literals=True) or {}
         if not isinstance(ic, dict):
             raise ConfigError("install_config must be an object (or a JSON string of one)")
         # As the fork does, unset (null) settings are the same as absent ones.
@@ -166,8 +139,8 @@ class SweRebenchTask(SweTask):
             "workdir": workdir,
             "test_cmd": test_cmd,
             "log_parser": ic.get("log_parser") or row.get("log_parser"),
-            "FAIL_TO_PASS": parse_test_list(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS"),
-            "PASS_TO_PASS": parse_test_list(row.get("PASS_TO_PASS"), "PASS_TO_PASS"),
+            "FAIL_TO_PASS": json_list(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS", literals=True),
+            "PASS_TO_PASS": json_list(row.get("PASS_TO_PASS"), "PASS_TO_PASS", literals=True),
         }
         if image:
             normalized["image"] = image

@@ -41,6 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from uniagent.errors import ToolError
+from uniagent.jsonio import atomic_path
 from uniagent.sandbox.base import Sandbox
 from uniagent.tools.base import Tool, ToolResult
 
@@ -149,30 +150,25 @@ class BM25Index:
     def build(corpus: Path, dest: Path) -> None:
         """Index `corpus` into `dest`, atomically (a reader never sees a half-built file)."""
         rows = _read_dir(corpus) if corpus.is_dir() else _read_jsonl(corpus)
-        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.unlink(missing_ok=True)
-        conn = sqlite3.connect(tmp)
-        try:
+        with atomic_path(dest) as tmp:
+            conn = sqlite3.connect(tmp)
             try:
-                conn.execute(
-                    "CREATE VIRTUAL TABLE passages USING fts5("
-                    "doc_id UNINDEXED, title, text, tokenize='porter unicode61 remove_diacritics 2')"
-                )
-            except sqlite3.OperationalError as exc:
-                raise ToolError(
-                    f"the local search index needs SQLite with FTS5, which this Python lacks ({exc}); "
-                    "use a retrieval service (`url`) instead"
-                ) from None
-            with conn:
-                conn.executemany("INSERT INTO passages(doc_id, title, text) VALUES (?, ?, ?)", rows)
-            conn.execute("INSERT INTO passages(passages) VALUES ('optimize')")
-            conn.commit()
-        except BaseException:
-            conn.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        conn.close()
-        os.replace(tmp, dest)
+                try:
+                    conn.execute(
+                        "CREATE VIRTUAL TABLE passages USING fts5("
+                        "doc_id UNINDEXED, title, text, tokenize='porter unicode61 remove_diacritics 2')"
+                    )
+                except sqlite3.OperationalError as exc:
+                    raise ToolError(
+                        f"the local search index needs SQLite with FTS5, which this Python lacks ({exc}); "
+                        "use a retrieval service (`url`) instead"
+                    ) from None
+                with conn:
+                    conn.executemany("INSERT INTO passages(doc_id, title, text) VALUES (?, ?, ?)", rows)
+                conn.execute("INSERT INTO passages(passages) VALUES ('optimize')")
+                conn.commit()
+            finally:
+                conn.close()
 
     def search(self, query: str, k: int) -> list[Passage]:
         match = fts_query(query)

@@ -7,7 +7,6 @@ groups in flight), with tasks named by id so a checkpoint never pickles task obj
 from __future__ import annotations
 
 import logging
-import os
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from uniagent.jsonio import atomic_path
 from uniagent.train.outputs import METRICS, truncate_metrics
 
 if TYPE_CHECKING:
@@ -40,9 +40,8 @@ def save_checkpoint(trainer: LocalTrainer) -> Path:
         "config": trainer.redactor().data(trainer.cfg.model_dump(mode="json")),
         "async": _portable(trainer.async_state),
     }
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
     for old in sorted(trainer.ckpt_dir.glob("step_*.pt"))[: -trainer.cfg.trainer.keep_checkpoints]:
         old.unlink(missing_ok=True)
     return path

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from uniagent.jsonio import atomic_path, write_text_atomic
 from uniagent.train.config import TrainConfig
 
 METRICS = "metrics.jsonl"
@@ -61,9 +62,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     keep = [
         line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
     ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 class Writers:
@@ -165,10 +164,9 @@ def _save(fig: Any, png: Path) -> Path:
     """Write the figure atomically (a dashboard may be reading the previous one)."""
     import matplotlib.pyplot as plt
 
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_path(png, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(tmp, png)
     return png
 
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from uniagent.gateway.sessions import ContextLengthError, GatewayError, Turn, clean_message
-from uniagent.gateway.wire.base import Event, Exchange, Wire, WireRequest, checked_tools, flag, sse, text_of
+from uniagent.gateway.wire.base import Event, Exchange, Wire, WireRequest, converted_tools, flag, sse, text_of
 
 log = logging.getLogger(__name__)
 
@@ -104,25 +104,19 @@ def _messages(message: Any, i: int) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise GatewayError("'tools' must be a list of tools")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise GatewayError(f"tools[{i}] must be an object with name, description and input_schema")
-        if tool.get("type") not in (None, "custom"):
-            log.info("gateway: server tool %r left out (it runs at Anthropic, not here)", tool.get("type"))
-            continue
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise GatewayError(f"tools[{i}].input_schema must be a JSON schema object")
-        params = {k: v for k, v in schema.items() if k != "$schema"}
-        fn = {"name": tool.get("name"), "description": tool.get("description") or "", "parameters": params}
-        out.append({"type": "function", "function": fn})
-    return checked_tools(out)
+def _tool(tool: Any, where: str) -> list[dict[str, Any]]:
+    """One Anthropic tool as an OpenAI chat schema (none for a server tool)."""
+    if not isinstance(tool, dict):
+        raise GatewayError(f"{where} must be an object with name, description and input_schema")
+    if tool.get("type") not in (None, "custom"):
+        log.info("gateway: server tool %r left out (it runs at Anthropic, not here)", tool.get("type"))
+        return []
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise GatewayError(f"{where}.input_schema must be a JSON schema object")
+    params = {k: v for k, v in schema.items() if k != "$schema"}
+    fn = {"name": tool.get("name"), "description": tool.get("description") or "", "parameters": params}
+    return [{"type": "function", "function": fn}]
 
 
 def _blocks(turn: Turn) -> list[dict[str, Any]]:
@@ -162,7 +156,7 @@ class AnthropicMessages(Wire):
             messages += _messages(message, i)
         cleaned = [clean_message(m, i) for i, m in enumerate(messages)]
         sampling = {k: body.get(k) for k in ("temperature", "top_p", "top_k", "max_tokens")}
-        return WireRequest(cleaned, _tools(body.get("tools")), sampling, flag(body, "stream"))
+        return WireRequest(cleaned, converted_tools(body.get("tools"), _tool), sampling, flag(body, "stream"))
 
     def response(self, turn: Turn, ex: Exchange) -> dict[str, Any]:
         return {

@@ -91,6 +91,24 @@ def checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
     return tools or None
 
 
+def converted_tools(
+    tools: Any, convert: Callable[[Any, str], list[dict[str, Any]]]
+) -> list[dict[str, Any]] | None:
+    """A protocol's `tools` list as OpenAI chat schemas, checked (`checked_tools`).
+
+    `convert(tool, "tools[i]")` turns one entry into the schemas it stands for: none for a tool
+    that runs at the vendor (a hosted search), several for a group. The list checks around it are
+    the same in every protocol, so they live here once."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise GatewayError("'tools' must be a list of tools")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        out += convert(tool, f"tools[{i}]")
+    return checked_tools(out)
+
+
 def flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):

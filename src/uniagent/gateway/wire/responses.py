@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from uniagent.gateway.sessions import GatewayError, Turn, clean_message
-from uniagent.gateway.wire.base import Event, Exchange, Wire, WireRequest, checked_tools, flag, sse, text_of
+from uniagent.gateway.wire.base import Event, Exchange, Wire, WireRequest, converted_tools, flag, sse, text_of
 
 log = logging.getLogger(__name__)
 
@@ -91,27 +91,18 @@ def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise GatewayError("'tools' must be a list of tools")
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind == "function":
-            out.append(_function(tool, where))
-        elif kind == "namespace":
-            inner = tool.get("tools") or []
-            out += [
-                _function(t, f"{where}.tools[{j}]")
-                for j, t in enumerate(inner)
-                if t.get("type") == "function"
-            ]
-        else:
-            log.info("gateway: hosted tool %r left out (it runs at OpenAI, not here)", kind)
-    return checked_tools(out)
+def _tool(tool: Any, where: str) -> list[dict[str, Any]]:
+    """One Responses tool as OpenAI chat schemas (a namespace gives its functions; a hosted tool none)."""
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind == "function":
+        return [_function(tool, where)]
+    if kind == "namespace":
+        inner = tool.get("tools") or []
+        return [
+            _function(t, f"{where}.tools[{j}]") for j, t in enumerate(inner) if t.get("type") == "function"
+        ]
+    log.info("gateway: hosted tool %r left out (it runs at OpenAI, not here)", kind)
+    return []
 
 
 def _usage(turn: Turn) -> dict[str, Any]:
@@ -166,7 +157,7 @@ class OpenAIResponses(Wire):
         cleaned = [clean_message(m, i) for i, m in enumerate(messages)]
         sampling = {"temperature": body.get("temperature"), "top_p": body.get("top_p")}
         sampling["max_tokens"] = body.get("max_output_tokens")
-        return WireRequest(cleaned, _tools(body.get("tools")), sampling, flag(body, "stream"))
+        return WireRequest(cleaned, converted_tools(body.get("tools"), _tool), sampling, flag(body, "stream"))
 
     def _response(
         self, rid: str, ex: Exchange, status: str, output: list[Any], turn: Turn | None

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.integrations.verl.spec import SPEC_KEY, encode_spec, task_spec
+from uniagent.jsonio import atomic_path
 from uniagent.redact import Redactor
 from uniagent.tasks.base import Task
 
@@ -77,14 +77,8 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(rows)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def prepare(

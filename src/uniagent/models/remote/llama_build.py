@@ -46,7 +46,8 @@ from typing import Any
 import httpx
 
 from uniagent import cpu
-from uniagent.jsonio import write_json_atomic
+from uniagent.jsonio import atomic_path, write_json_atomic
+from uniagent.models.remote.llama_command import default_gguf, free_port, server_command
 
 VERSION = "0.3.36"  # llama-cpp-python, whose sdist vendors the llama.cpp we build
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
@@ -129,18 +130,24 @@ class Smoke:
 def smoke(binary: str, timeout_s: float = 120.0, gguf: str | None = None) -> Smoke:
     """Start `binary` on loopback with the packaged GGUF and generate 4 tokens (synchronous: doctor and
     `find_binary` call it outside any event loop). A crash says which signal killed it."""
-    from uniagent.models.remote.llama_server import LlamaServer, free_port
-
-    server = LlamaServer(gguf, binary=binary, slots=1, ctx_size=256, threads=min(2, os.cpu_count() or 1))
-    server.port = free_port()
+    port = free_port()
+    command = server_command(
+        binary,
+        default_gguf() if gguf is None else gguf,
+        host="127.0.0.1",
+        port=port,
+        slots=1,
+        ctx_size=256,
+        threads=min(2, os.cpu_count() or 1),
+    )
     log = cache_root() / f".smoke-{os.getpid()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     t0 = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(server.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
     try:
-        return _exercise(proc, server.url, t0 + timeout_s, log)
+        return _exercise(proc, f"http://127.0.0.1:{port}", t0 + timeout_s, log)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -244,9 +251,9 @@ def build(variant: Variant, dest: Path, jobs: int) -> None:
                 sys.stderr.write("\n".join(log.read_text(errors="replace").splitlines()[-40:]) + "\n")
                 raise SystemExit(f"build-llama-server: {' '.join(cmd[:2])} failed (log: {log})")
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(work / "build" / "bin" / "llama-server", dest / ".llama-server.tmp")
+    with atomic_path(dest / "llama-server") as tmp:
+        shutil.copy2(work / "build" / "bin" / "llama-server", tmp)
     shutil.copy2(src / "LICENSE", dest / "LICENSE")
-    os.replace(dest / ".llama-server.tmp", dest / "llama-server")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -255,11 +262,8 @@ def _link_current(name: str) -> None:
     with contextlib.suppress(OSError):
         if os.readlink(root / "current") == name:
             return
-    tmp = root / f".current.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(name)
-    os.replace(tmp, root / "current")
+    with atomic_path(root / "current") as tmp:
+        tmp.symlink_to(name)
 
 
 def ensure(

@@ -26,7 +26,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,8 @@ from types import TracebackType
 import httpx
 
 from uniagent.errors import EngineError
-from uniagent.models.loading import smollm2_source
+from uniagent.models.remote import llama_build
+from uniagent.models.remote.llama_command import default_gguf, free_port, server_command
 
 ENV_BINARY = "UNIAGENT_LLAMA_SERVER"
 BUILD_HINT = "build it with `make llama-server` or set UNIAGENT_LLAMA_SERVER=/path/to/llama-server"
@@ -55,8 +55,6 @@ def find_binary() -> str | None:
         if not os.access(explicit, os.X_OK):
             raise EngineError(f"{ENV_BINARY}={explicit} is not an executable file; {BUILD_HINT}")
         return explicit
-    from uniagent.models.remote import llama_build
-
     cached = llama_build.cache_root() / "current" / "llama-server"
     if os.access(cached, os.X_OK):
         result = llama_build.verified(cached.resolve())
@@ -75,12 +73,6 @@ def require_binary() -> str:
     if found is None:
         raise EngineError(f"no llama-server binary found; {BUILD_HINT}")
     return found
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -111,10 +103,7 @@ class LlamaServer:
         log_path: str | None = None,
         spin: bool = False,
     ) -> None:
-        if gguf is None:
-            source = smollm2_source()
-            gguf = str(Path(source.path) / (source.gguf_file or ""))
-        self.gguf = gguf
+        self.gguf = default_gguf() if gguf is None else gguf
         self.slots = slots
         self.ctx_size = ctx_size
         self.host = host
@@ -135,20 +124,17 @@ class LlamaServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        """The command line: `-c` is the whole KV cache, split evenly over the `-np` slots."""
-        cmd = [
+        """The command line (`llama_command.server_command`), with the binary found if none was given."""
+        return server_command(
             self.binary or require_binary(),
-            "--model", self.gguf,
-            "--host", self.host,
-            "--port", str(self.port),
-            "--parallel", str(self.slots),
-            "--ctx-size", str(self.ctx_size * self.slots),
-            "--no-webui",
-            "--no-warmup",
-        ]  # fmt: skip
-        if self.threads is not None:
-            cmd += ["--threads", str(self.threads), "--threads-batch", str(self.threads)]
-        return cmd + self.extra_args
+            self.gguf,
+            host=self.host,
+            port=self.port,
+            slots=self.slots,
+            ctx_size=self.ctx_size,
+            threads=self.threads,
+            extra_args=self.extra_args,
+        )
 
     async def start(self) -> LlamaServer:
         if self.process is not None:
