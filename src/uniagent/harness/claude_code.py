@@ -22,7 +22,7 @@ from pathlib import Path
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
 from uniagent.gateway.sessions import Session
-from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_doctor, exports
 from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
@@ -37,9 +37,7 @@ class ClaudeCodeAgent(CliAgent):
     name = "claude-code"
     protocol = "anthropic"
 
-    def __init__(self, config: str | None = None) -> None:
-        super().__init__(config)
-        self.cli, self.flags = cli_config(self.name, config, PRESETS)
+    presets = PRESETS
 
     def binary(self) -> str:
         """The native ELF (postinstall links it over bin/claude.exe; the platform package is

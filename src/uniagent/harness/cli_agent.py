@@ -188,10 +188,12 @@ class CliAgent(AgentBase):
 
     name: ClassVar[str] = ""
     protocol: ClassVar[str] = ""
+    presets: ClassVar[dict[str, list[str]]] = {}  # --agent NAME:PRESET -> the CLI's flags
 
     def __init__(self, config: str | None = None) -> None:
         self.kind = f"{self.name}:{config}" if config else self.name
         self.config_arg = config
+        self.cli, self.flags = cli_config(self.name, config, self.presets)
         self.gateway: Gateway | None = None
         self.install: Path | None = None
         self.root: Path | None = None  # per-run dir of per-episode session dirs

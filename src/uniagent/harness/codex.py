@@ -32,7 +32,7 @@ from pathlib import Path
 from uniagent.agent.base import Episode
 from uniagent.agent.result import ExitReason
 from uniagent.gateway.sessions import Session
-from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_config, cli_doctor, exports
+from uniagent.harness.cli_agent import SOCKET, CliAgent, cli_doctor, exports
 from uniagent.harness.session import task_text
 from uniagent.sandbox.procs import quote
 
@@ -87,9 +87,7 @@ class CodexAgent(CliAgent):
     name = "codex"
     protocol = "responses"
 
-    def __init__(self, config: str | None = None) -> None:
-        super().__init__(config)
-        self.cli, self.flags = cli_config(self.name, config, PRESETS)
+    presets = PRESETS
 
     def files(self, session_dir: Path, base_url: str, episode: Episode) -> dict[str, str]:
         assert self.gateway is not None
