@@ -118,7 +118,6 @@ async def run_episode(
     Trainability is decided here too: the exit reason's, and a model that is not `trainable` (a
     text-level one keeps no token record) makes an otherwise trainable episode untrainable
     (`metrics.untrainable_reason: text_only_model`, `metrics.text_only_model`), wherever it runs."""
-    text_only = not model.trainable
     agent = agent or REACT
     config = config or AgentConfig()
     grade_cfg = sandbox  # a grading sandbox is the task's, without what the agent binds in
@@ -148,6 +147,6 @@ async def run_episode(
         result = failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     assert result is not None
     result.metrics["episode_s"] = time.perf_counter() - t0
-    if text_only and result.trainable:
+    if result.trainable and not model.trainable:
         result.metrics.update(text_only_model=True, untrainable_reason="text_only_model")
     return result
