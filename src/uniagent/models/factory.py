@@ -121,16 +121,11 @@ class ModelFactory:
             return f"{self.kind.name} engine loaded"
         return str(await check())
 
-    def sampling_params(self, seed: int | None = None, **overrides: Any) -> SamplingParams:
-        """The config's sampling with `seed`, and `overrides` (SamplingParams fields) on top."""
+    def sampling_params(self, **fields: Any) -> SamplingParams:
+        """The config's sampling with `fields` (SamplingParams fields: a seed, overrides) on top."""
         cfg = self.config
-        base = {
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "max_tokens": cfg.max_tokens,
-            "seed": seed,
-        }
-        return SamplingParams(**{**base, **overrides})
+        base = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
+        return SamplingParams(**{**base, **fields})
 
     def new_model(
         self,
@@ -166,7 +161,7 @@ class ModelFactory:
             self.engine,
             self.codec,
             get_parser(self.config.parser),
-            self.sampling_params(derived, **(sampling or {})),
+            self.sampling_params(**{"seed": derived, **(sampling or {})}),
             request_id=rid,
             native_tools=self.native_tools,
             follow_template=self.config.history == "template",
