@@ -81,7 +81,9 @@ class ChatModel(Protocol):
     per segment ([] for a text-level model). `begin_segment(reason)`: the next `query` renders
     its messages afresh and starts a segment with that reason (a context policy condensed the
     history). `finish(messages, tools)`: the episode's segments, each with its drift.
-    `max_tokens` on `query` caps that call only."""
+    `max_tokens` on `query` caps that call only. `trainable`: its token record is what the policy
+    produced (False for a text-level model); `run_episode` marks an episode of a model that is not
+    trainable untrainable (`untrainable_reason: text_only_model`)."""
 
     trainable: bool
 
