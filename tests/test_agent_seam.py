@@ -232,11 +232,11 @@ async def test_the_ray_actor_starts_its_own_agent(
     try:
         assert await actor.preflight(task.sandbox_config(cfg.sandbox)) is None
         result = await actor.run(task.family, task.row, task.source, 0)
-        agent = actor.agent
+        agent = actor.worker.agent
         assert agent is not None and agent.name == kind.partition(":")[0]
     finally:
         await actor.close()
-    assert actor.agent is None and not actor.tmp.exists()
+    assert actor.worker.agent is None and not actor.tmp.exists()
     assert result["exit_reason"] == "finished" and result["metrics"]["agent_kind"] == kind
     if kind == "probe":
         assert [e for e, _ in probe] == ["start", "run", "close"]

@@ -101,3 +101,25 @@ async def test_a_sandbox_config_that_cannot_be_built_is_internal_error(
     res = await run_episode(task, scripted_model(codec, [call("submit")]), sandbox={"type": "nope"})
     assert res.exit_reason == ExitReason.INTERNAL_ERROR and "sandbox config" in (res.error or "")
     assert not res.trainable and res.reward is None and res.messages == []
+
+
+async def test_a_text_only_models_episode_comes_back_untrainable(task: SweTask, codec: ChatCodec) -> None:
+    """`run_episode` decides trainability from the model as well as the exit reason: a model that
+    is not `trainable` (a text-level one keeps no token record) makes a trainable exit untrainable,
+    with the reason in its metrics, whoever runs the episode (runner, Ray actor, trainer); an exit
+    that is untrainable anyway stays as it was."""
+    text_only = scripted_model(codec, [call("submit")])
+    text_only.trainable = False
+    res = await run_episode(task, text_only)
+    assert res.exit_reason == ExitReason.FINISHED and res.reward is not None
+    assert not res.trainable and res.to_dict()["trainable"] is False
+    assert res.metrics["text_only_model"] is True and res.metrics["untrainable_reason"] == "text_only_model"
+
+    failed = scripted_model(codec, [call("submit")])
+    failed.trainable = False
+    res = await run_episode(task, failed, sandbox={"type": "nope"})
+    assert res.exit_reason == ExitReason.INTERNAL_ERROR and not res.trainable
+    assert "text_only_model" not in res.metrics and "untrainable_reason" not in res.metrics
+
+    res = await run_episode(task, scripted_model(codec, [call("submit")]))
+    assert res.trainable and "untrainable_reason" not in res.metrics, "a token-level model's stays trainable"

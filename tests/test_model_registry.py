@@ -24,7 +24,7 @@ from uniagent.errors import ConfigError
 from uniagent.models import registry
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.config import ModelConfig
-from uniagent.models.factory import ModelFactory, local_weights
+from uniagent.models.factory import ModelFactory, episode_seed, local_weights
 from uniagent.models.registry import ENGINES, EngineKind, engine_kind, tokenizer_spec
 from uniagent.models.replay import ReplayEngine
 from uniagent.models.token_chat import TokenChatModel
@@ -177,6 +177,27 @@ async def test_a_new_kind_is_built_and_served_by_the_factory(
     assert rid.startswith(f"{task.instance_id}#0#"), "each attempt gets a fresh request id"
     await factory.close()
     assert BUILT[0].closed
+
+
+async def test_a_factory_over_an_engine_built_elsewhere(tmp_path: Path, codec: ChatCodec) -> None:
+    """The local trainer and the verl loop get their models from the factory too, over the engine
+    they own: the caller's request id and sampling on top of the config's; `start` builds nothing
+    and `close` leaves the engine to its owner."""
+    [task] = load_tasks("builtin:starter", limit=1)
+    engine = CountingEngine(str(write_replay(tmp_path / "r.jsonl", codec, [task])))
+    config = ModelConfig(temperature=0.3, max_tokens=64)
+    factory = ModelFactory.over_engine(engine, codec, config, native_tools=False)
+    assert factory.trainable
+    await factory.start()
+    rid = f"{task.instance_id}#0#mine"
+    model = factory.new_model(task.instance_id, 3, seed=7, request_id=rid, sampling={"max_tokens": 16})
+    assert isinstance(model, TokenChatModel) and model.engine is engine and not model.native_tools
+    assert model.sampling.temperature == 0.3 and model.sampling.max_tokens == 16
+    assert model.sampling.seed == episode_seed(7, task.instance_id, 3)
+    turn = await model.query(task.messages())
+    assert turn.completion_tokens > 0 and engine.request_ids == [rid]
+    await factory.close()
+    assert not engine.closed
 
 
 @needs_bwrap

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.models.base import SamplingParams
 from uniagent.models.config import ModelConfig
 from uniagent.models.registry import ENGINES
 from uniagent.parsers.base import ToolCall
@@ -138,8 +137,6 @@ async def run_demo(
     model: str | None = None, turns: int = 3, max_tokens: int = 96, seed: int = 0, temperature: float = 0.7
 ) -> DemoResult:
     from uniagent.models.factory import ModelFactory
-    from uniagent.models.token_chat import TokenChatModel
-    from uniagent.parsers import get_parser
 
     factory = ModelFactory(demo_model_config(model, temperature, max_tokens))
     if not factory.trainable:
@@ -149,8 +146,8 @@ async def run_demo(
         )
     await factory.start()
     codec = factory.codec
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    chat = TokenChatModel(factory.engine, codec, get_parser("hermes"), sampling=sampling)
+    # `--seed` seeds the demo's one episode as given (a run spreads its seed over its episodes)
+    chat = factory.new_model("demo", 0, sampling={"seed": seed})
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. Use a tool when it helps."},
         {"role": "user", "content": "What is 17 * 23? Use the calculator tool."},

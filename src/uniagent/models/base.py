@@ -95,7 +95,9 @@ class ChatModel(Protocol):
     history). `finish(messages, tools)`: the episode's segments, each with its drift.
     `max_tokens` on `query` caps that call only. `session_spec()`: what the model offers a
     gateway session (`SessionSpec`), `None` for a model without a token engine (a harness agent
-    needs one)."""
+    needs one). `trainable`: its token record is what the policy produced (False for a text-level
+    model); `run_episode` marks an episode of a model that is not trainable untrainable
+    (`untrainable_reason: text_only_model`)."""
 
     trainable: bool
 

@@ -1,9 +1,9 @@
 """The same run spread over a Ray cluster: episodes execute in Ray actors, results come back
 to the driver, which stores them exactly as the local backend does.
 
-Each actor builds its own model factory once (one engine per actor) and starts its own agent
-over it (a harness agent's gateway is one per actor), and runs several episodes concurrently on
-its own event loop through the same `run_episode` as the local backend. Task rows travel as
+Each actor holds one `EpisodeWorker` (runner/worker.py), the local backend's: its own model
+factory (one engine per actor) and its own agent over it (a harness agent's gateway is one per
+actor), running several episodes concurrently on the actor's event loop. Task rows travel as
 plain dicts; a row's `repo_dir` must be readable on the workers (a shared filesystem on
 multi-node clusters).
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from uniagent.errors import PreflightError
 from uniagent.runner.config import RunConfig
+from uniagent.runner.worker import EpisodeWorker
 from uniagent.sandbox import procs
 from uniagent.tasks.base import Task
 
@@ -54,57 +55,26 @@ def claim_actor_tmp(root: str | None = None) -> Path:
 
 
 class EpisodeActor:
-    """Runs episodes for the driver. Wrapped with `ray.remote` at run time."""
+    """The run's `EpisodeWorker` in a Ray actor: task rows in, result dicts out, and a temporary
+    folder of its own. Wrapped with `ray.remote` at run time."""
 
     def __init__(self, config_json: dict[str, Any]) -> None:
         self.config = RunConfig.model_validate(config_json)
-        self.factory: Any = None
-        self.agent: Any = None
-        self._lock = asyncio.Lock()
+        self.worker = EpisodeWorker(self.config)
         self.tmp = claim_actor_tmp()
 
-    async def _ensure(self) -> Any:
-        async with self._lock:
-            if self.factory is None:
-                from uniagent.models.factory import ModelFactory
-                from uniagent.sandbox.base import Sandbox
-
-                Sandbox.set_start_concurrency(self.config.runner.sandbox_start_concurrency)
-                self.factory = ModelFactory(self.config.model)
-                await self.factory.start()
-        return self.factory
-
-    async def _ensure_agent(self) -> Any:
-        """This actor's agent, started over its engine on the first episode (closed in `close`)."""
-        factory = await self._ensure()
-        async with self._lock:
-            if self.agent is None:
-                from uniagent.agent.registry import create_agent
-
-                agent = create_agent(self.config.agent_kind)
-                await agent.start(factory.engine, factory.codec)
-                self.agent = agent
-        return self.agent
-
     async def run(self, family: str, row: dict[str, Any], source: str | None, sample: int) -> dict[str, Any]:
-        from uniagent.tasks.episode import run_episode
         from uniagent.tasks.registry import family_class
 
-        factory = await self._ensure()
-        agent = await self._ensure_agent()
         task = family_class(family).from_row(row, source)
-        model = factory.new_model(task.instance_id, sample, self.config.runner.seed)
-        result = await run_episode(task, model, self.config.agent, self.config.sandbox, agent=agent)
-        return result.to_dict()  # the driver marks a text-only model's episodes untrainable
+        return (await self.worker.run(task, sample)).to_dict()
 
     async def preflight(self, sandbox_cfg: dict[str, Any]) -> str | None:
         """The run's preflight where the episodes run; the error's message, or None when all works."""
         from uniagent.errors import UniAgentError
-        from uniagent.runner.guard import preflight
 
         try:
-            await preflight(await self._ensure(), sandbox_cfg)
-            await self._ensure_agent()  # e.g. a harness agent over a text-only model
+            await self.worker.preflight(sandbox_cfg)
         except UniAgentError as exc:
             return str(exc)
         return None
@@ -114,12 +84,10 @@ class EpisodeActor:
 
     async def close(self) -> None:
         """The run is over: release the agent, the model and this actor's temporary folder."""
-        if self.agent is not None:
-            await self.agent.close()
-            self.agent = None
-        if self.factory is not None:
-            await self.factory.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            await self.worker.close()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def check_address(address: str, timeout_s: float = 10.0) -> None:

@@ -21,20 +21,17 @@ from typing import Any
 
 import yaml
 
-from uniagent.agent.base import Agent
-from uniagent.agent.registry import open_agent
 from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError, RunInterruptedError, RunStoppedError
-from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
-from uniagent.runner.guard import InfraGuard, preflight
+from uniagent.runner.guard import InfraGuard
 from uniagent.runner.interrupt import Stopper
 from uniagent.runner.pidfd import use_pidfd_child_watcher
 from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.runner.summary import export
-from uniagent.sandbox.base import Sandbox
-from uniagent.tasks import load_tasks, run_episode
+from uniagent.runner.worker import EpisodeWorker
+from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -162,12 +159,8 @@ class Runner:
                 if todo and cfg.runner.backend == "ray":
                     from uniagent.runner.ray_backend import run_on_ray
 
-                    trainable = ModelFactory(cfg.model).trainable
                     await run_on_ray(
-                        cfg,
-                        todo,
-                        lambda t, s, r: self._record(store, t, s, r, trainable),
-                        lambda: bool(self.stopped),
+                        cfg, todo, lambda t, s, r: self._record(store, t, s, r), lambda: bool(self.stopped)
                     )
                 elif todo:
                     await self._run_local(todo, store)
@@ -188,54 +181,43 @@ class Runner:
     async def _run_local(self, todo: list[tuple[Task, int]], store: RunStore) -> None:
         cfg = self.config
         use_pidfd_child_watcher()
-        Sandbox.set_start_concurrency(cfg.runner.sandbox_start_concurrency)
-        factory = ModelFactory(cfg.model)
-        await factory.start()
-        freeze_startup_objects()
+        worker = EpisodeWorker(cfg)
         sem = asyncio.Semaphore(cfg.runner.concurrency)
 
-        async def one(task: Task, sample: int, agent: Agent) -> None:
+        async def one(task: Task, sample: int) -> None:
             async with sem:
                 if self.stopped:
                     return  # left for --resume
-                model = factory.new_model(task.instance_id, sample, cfg.runner.seed)
-                result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
+                result = await worker.run(task, sample)
                 # Serialising, redacting (token-level redaction decodes whole trajectories) and
                 # committing an episode are CPU and disk work: off the event loop.
-                iid, trainable = task.instance_id, factory.trainable
-                row = await asyncio.to_thread(
-                    lambda: self._store_row(store, iid, sample, result.to_dict(), trainable)
-                )
+                iid = task.instance_id
+                row = await asyncio.to_thread(lambda: self._store_row(store, iid, sample, result.to_dict()))
                 if row is not None:
                     self._count(row)
 
         try:
             if cfg.runner.preflight:
-                await preflight(factory, todo[0][0].sandbox_config(cfg.sandbox))
+                await worker.preflight(todo[0][0].sandbox_config(cfg.sandbox))
             # the agent's per-run resources (a harness's gateway) serve every episode of the run
-            async with open_agent(cfg.agent_kind, factory.engine, factory.codec) as agent:
-                await gather_all([one(t, s, agent) for t, s in todo])
+            await worker.start()
+            freeze_startup_objects()
+            await gather_all([one(t, s) for t, s in todo])
         finally:
-            await factory.close()
+            await worker.close()
 
-    def _record(
-        self,
-        store: RunStore,
-        instance_id: str,
-        sample: int,
-        result: dict[str, Any],
-        trainable_model: bool = True,
-    ) -> None:
+    def _record(self, store: RunStore, instance_id: str, sample: int, result: dict[str, Any]) -> None:
         """Store and count one episode (the Ray backend's callback, on the event loop)."""
-        row = self._store_row(store, instance_id, sample, result, trainable_model)
+        row = self._store_row(store, instance_id, sample, result)
         if row is not None:
             self._count(row)
 
     def _store_row(
-        self, store: RunStore, instance_id: str, sample: int, result: dict[str, Any], trainable_model: bool
+        self, store: RunStore, instance_id: str, sample: int, result: dict[str, Any]
     ) -> dict[str, Any] | None:
         """Redact and commit one finished episode; the stored row, or None when it is not stored.
         Thread-safe (the store serialises its writes): the local runner calls it off the loop.
+        (A text-only model's episode comes untrainable from `run_episode` already.)
 
         A cancelled episode is not an outcome: a resumed run does it again. One that a signal cut
         short is stored, as `cancelled` with the signal in `error` (`interrupted`), so the store
@@ -250,10 +232,6 @@ class Runner:
             result["metrics"]["interrupted"] = name
         elif result["exit_reason"] == ExitReason.CANCELLED.value:
             return None  # not stored: a resumed run does it again
-        if not trainable_model:  # text-only endpoints give no token record to train on
-            if result["trainable"]:
-                result["metrics"].update(text_only_model=True, untrainable_reason="text_only_model")
-            result["trainable"] = False
         row = episode_row(instance_id, sample, self.redactor.result(result))
         store.put(row)
         return row

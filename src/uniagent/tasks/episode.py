@@ -114,7 +114,10 @@ async def run_episode(
     default: the ReAct loop) under the budgets in `config`, in a sandbox from `sandbox` (the run's
     settings; the task completes them). Never raises for episode-level failures: they come back
     as an exit reason. Grading happens here, for every agent (`uniagent.tasks.grading`): the final
-    state in the agent's sandbox, then the verdict where `config.grade_in` and the task say."""
+    state in the agent's sandbox, then the verdict where `config.grade_in` and the task say.
+    Trainability is decided here too: the exit reason's, and a model that is not `trainable` (a
+    text-level one keeps no token record) makes an otherwise trainable episode untrainable
+    (`metrics.untrainable_reason: text_only_model`, `metrics.text_only_model`), wherever it runs."""
     agent = agent or REACT
     config = config or AgentConfig()
     grade_cfg = sandbox  # a grading sandbox is the task's, without what the agent binds in
@@ -142,4 +145,6 @@ async def run_episode(
         result = failed_result(task, ExitReason.CANCELLED, "cancelled", metrics)
     assert result is not None
     result.metrics["episode_s"] = time.perf_counter() - t0
+    if result.trainable and not model.trainable:
+        result.metrics.update(text_only_model=True, untrainable_reason="text_only_model")
     return result

@@ -225,25 +225,24 @@ class LocalTrainer:
     ) -> list[Sample]:
         """`group_size` episodes of `task` through `run_episode` (the code `uniagent run` and the verl
         loop use). `serial` names the group (its GRPO index); `first_sample` seeds its episodes."""
-        from uniagent.models.base import SamplingParams
-        from uniagent.models.factory import episode_seed
-        from uniagent.models.token_chat import TokenChatModel
-        from uniagent.parsers import get_parser
+        from uniagent.models.config import ModelConfig
+        from uniagent.models.factory import ModelFactory
         from uniagent.tasks.episode import run_episode
 
         cfg = self.cfg
         redactor = self.redactor()
         start = self.step
+        sampled = ModelConfig(
+            parser=cfg.model.parser,
+            temperature=cfg.model.temperature,
+            top_p=cfg.model.top_p,
+            max_tokens=cfg.model.max_tokens,
+        )
+        models = ModelFactory.over_engine(self.engine, self.codec, sampled)  # the policy's own engine
 
         async def one(k: int) -> Sample:
-            sampling = SamplingParams(
-                temperature=cfg.model.temperature,
-                top_p=cfg.model.top_p,
-                max_tokens=cfg.model.max_tokens,
-                seed=episode_seed(cfg.trainer.seed, task.instance_id, first_sample + k),
-            )
             rid = f"{task.instance_id}#{serial}#{k}"
-            model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
+            model = models.new_model(task.instance_id, first_sample + k, cfg.trainer.seed, request_id=rid)
             async with gate:
                 result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
             # an episode whose tokens held a secret is not trained on (the policy would learn to say it)

@@ -5,8 +5,8 @@ verl's `AgentLoopWorker` instantiates one agent loop per dataset row (hydra, fro
 This loop rebuilds the row's uniagent Task and runs it with `run_episode`, the same function
 `uniagent run` uses: same sandbox, tools, agent (`agent_kind`, default the ReAct loop; a harness
 agent gets a gateway over this sample's engine), verifier. Only the model differs: a
-`TokenChatModel` over `VerlEngine`, so the trajectory verl trains on is the token stream the policy
-actually produced, with its rollout logprobs.
+`TokenChatModel` over `VerlEngine` (made by `ModelFactory.over_engine`), so the trajectory verl trains
+on is the token stream the policy actually produced, with its rollout logprobs.
 
 Settings come from the agent-loop YAML entry's keys (hydra passes them as kwargs) and, overriding
 those, from a `uniagent:` section of the trainer config (`+uniagent.agent.max_turns=20` on the
@@ -77,8 +77,8 @@ from uniagent.integrations.verl.engine import VerlEngine
 from uniagent.integrations.verl.settings import UniAgentLoopSettings, merge_settings, validate_settings
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.models.base import SamplingParams
-from uniagent.models.token_chat import TokenChatModel
-from uniagent.parsers import get_parser
+from uniagent.models.config import ModelConfig
+from uniagent.models.factory import ModelFactory
 from uniagent.redact import setting_secrets, shared_redactor
 from uniagent.tasks.episode import run_episode
 from uniagent.tokens import ChatCodec, Trajectory
@@ -207,13 +207,14 @@ class UniAgentLoop(AgentLoopBase):
             resume_delay_s=self.settings.resume_delay_s,
         )
         request_id = f"{task.instance_id}#{uuid.uuid4().hex[:12]}"
-        model = TokenChatModel(
+        models = ModelFactory.over_engine(
             engine,
             self.codec,
-            get_parser(self.settings.parser),
-            self.sampling(sampling_params),
-            request_id=request_id,
+            ModelConfig(parser=self.settings.parser),
             native_tools=self.settings.native_tools,
+        )
+        model = models.new_model(
+            task.instance_id, 0, request_id=request_id, sampling=self.sampling(sampling_params).model_dump()
         )
         async with open_agent(self.settings.agent_kind, engine, self.codec) as agent:
             result = await run_episode(
