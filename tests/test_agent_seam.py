@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -146,7 +147,8 @@ async def test_the_sandbox_hook_is_called_for_every_agent() -> None:
     what it returns; `AgentBase`'s default (react's) is the config as it is."""
     task = load_tasks("builtin:starter")[0]
     hooked = HookedAgent()
-    result = await run_episode(task, object(), sandbox={"type": "local"}, agent=hooked)  # type: ignore[arg-type]
+    model = SimpleNamespace(trainable=True)  # the agent never queries it
+    result = await run_episode(task, model, sandbox={"type": "local"}, agent=hooked)  # type: ignore[arg-type]
     assert [c["type"] for c in hooked.seen] == ["local"] and "HOOKED" not in hooked.seen[0].get("env", {})
     assert result.metrics["hooked"].strip() == "yes", result.error
     config = {"type": "local", "env": {"A": "1"}}
