@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter
 
-from uniagent.registry import Entry, Registry, resolve
+from uniagent.registry import Entry, Registry
 from uniagent.sandbox.config import SandboxConfig, parse_config, type_of
 
 if TYPE_CHECKING:
@@ -45,12 +45,16 @@ class Backend(Entry):
 
     def config_class(self) -> type[SandboxConfig]:
         ref = self.config if ":" in self.config else f"{self.module}:{self.config}"
-        cls: type[SandboxConfig] = resolve(ref)
+        cls: type[SandboxConfig] = BACKENDS.resolve(self._key(), ref)
         return cls
 
     def sandbox_class(self) -> type[Sandbox]:
-        cls: type[Sandbox] = resolve(self.target)
+        cls: type[Sandbox] = BACKENDS.resolve(self._key(), self.target)
         return cls
+
+    def _key(self) -> str:
+        """This line's name in `BACKENDS` (a line knows its target, not the key it is filed under)."""
+        return next((name for name, entry in BACKENDS.items() if entry is self), self.module)
 
 
 # One line per backend; the key is its config's `type`.
