@@ -125,11 +125,13 @@ def test_unknown_agent_kind_names_the_known_ones(probe) -> None:
     known = "react, mini-swe-agent, claude-code, codex, probe"
     with pytest.raises(ConfigError, match=rf"unknown agent kind 'aider'; known: {known}"):
         create_agent("aider")
-    with pytest.raises(ConfigError, match=r"agent_kind.*unknown agent kind 'nope'"):
-        build_config(None, ["agent_kind=nope"])
+    with pytest.raises(ConfigError, match=r"agent\.kind.*unknown agent kind 'nope'"):
+        build_config(None, ["agent.kind=nope"])
+    with pytest.raises(ConfigError, match=r"^config agent_kind is now agent\.kind: set agent\.kind instead$"):
+        build_config(None, ["agent_kind=probe"])
     with pytest.raises(ConfigError, match="react takes no"):
         create_agent("react:extra")
-    assert build_config(None, ["agent_kind=probe:x"]).agent_kind == "probe:x"
+    assert build_config(None, ["agent.kind=probe:x"]).agent.kind == "probe:x"
     assert isinstance(create_agent("probe:x"), ProbeAgent) and create_agent("probe:x").arg == "x"
 
 
@@ -142,7 +144,7 @@ def run_config(tmp_path: Path, codec: ChatCodec, kind: str, **runner: Any) -> Ru
     return RunConfig.model_validate(
         {
             "model": {"spec": f"replay:{replay}"},
-            "agent_kind": kind,
+            "agent": {"kind": kind},
             "tasks": {"spec": "builtin:starter", "ids": [task.instance_id]},
             "runner": {"output": str(tmp_path / "run"), "preflight": False, **runner},
         }
@@ -209,7 +211,7 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
             "tasks.limit=1",
             "trainer.group_size=2",
             "trainer.tensorboard=false",
-            "agent_kind=probe",
+            "agent.kind=probe",
         ],
     )
     trainer = LocalTrainer(cfg)

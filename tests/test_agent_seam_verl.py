@@ -1,4 +1,4 @@
-"""The verl agent loop runs whatever agent `uniagent.agent_kind` names, through the one episode entry.
+"""The verl agent loop runs whatever agent `uniagent.agent.kind` names, through the one episode entry.
 
 Real parts and the one fake (`EngineServer`, verl's LLMServerClient stand-in) as in test_verl_loop.py,
 whose helpers this uses; the agent is test_agent_seam.py's registered `ProbeAgent`.
@@ -36,7 +36,7 @@ pytestmark = needs_bwrap
 def test_the_verl_loop_runs_a_registered_agent(base_config, tokenizer, data_dir, probe) -> None:  # noqa: F811
     codec = ChatCodec(tokenizer)
     server = EngineServer(scripted_engine(codec, {}))
-    config = make_config(base_config, uniagent={"agent_kind": "probe"})
+    config = make_config(base_config, uniagent={"agent": {"kind": "probe"}})
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
 
@@ -53,7 +53,7 @@ def test_the_verl_loop_runs_mini_swe_agent(base_config, tokenizer, data_dir) -> 
     gold fix, the task's verifier; what verl gets is the exact token record of its requests."""
     codec = ChatCodec(tokenizer)
     server = EngineServer(scripted_engine(codec, {GOLD: mini_turns(starter(GOLD))}), by_instance)
-    config = make_config(base_config, uniagent={"agent_kind": "mini-swe-agent"})
+    config = make_config(base_config, uniagent={"agent": {"kind": "mini-swe-agent"}})
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
 

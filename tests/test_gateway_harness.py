@@ -201,7 +201,7 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
             "--set",
             f"tasks.ids=[{task.instance_id}]",
             "--set",
-            "agent_kind=mini-swe-agent",
+            "agent.kind=mini-swe-agent",
         ],
         capture_output=True,
         text=True,
@@ -218,7 +218,7 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
 
     # harness agents run on Ray too now (test_agent_seam.py); an unknown kind is one line, exit 2
     bad = subprocess.run([*cli, "--agent", "aider"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "agent_kind" in bad.stderr
+    assert bad.returncode == 2 and "agent.kind" in bad.stderr
     assert "known: react, mini-swe-agent, claude-code, codex" in bad.stderr
 
 

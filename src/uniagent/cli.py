@@ -208,7 +208,7 @@ def run(
         "runner.output": str(output) if output else None,
         "runner.resume": True if resume else None,
         "runner.backend": backend,
-        "agent_kind": agent,
+        "agent.kind": agent,
         "runner.ray_address": ray_address,
     }
     cfg = build_config(config, set_, flags)

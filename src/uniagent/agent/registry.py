@@ -7,21 +7,26 @@ above this one, which a string may do and an import may not), with its `--agent`
 harness that needs a tool of its own, its doctor check. A kind is `NAME` or `NAME:ARGUMENT`
 (`mini-swe-agent:swebench.yaml`); the class is built as `Class(ARGUMENT or None)` and implements
 the `Agent` protocol (agent/base.py). Adding an agent is one module plus one line below.
+
+It imports nothing of `agent` at run time (the protocol and the engine types are annotations), so
+`agent.config` can type its `kind` with `AgentKind` and `agent.base` can import the config.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator
 
-from uniagent.agent.base import Agent
 from uniagent.errors import ConfigError
-from uniagent.models.base import TokenEngine
 from uniagent.registry import Entry, Registry
-from uniagent.tokens import ChatCodec
+
+if TYPE_CHECKING:
+    from uniagent.agent.base import Agent
+    from uniagent.models.base import TokenEngine
+    from uniagent.tokens import ChatCodec
 
 # One line per agent kind.
 AGENTS = Registry(

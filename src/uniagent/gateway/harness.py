@@ -37,14 +37,9 @@ def task_text(task: TaskView) -> str:
 def open_session(gateway: Gateway, model: Any, agent: AgentConfig, task: TaskView, kind: str) -> Session:
     """The episode's gateway session: the model's sampling (trusted, capped per turn), parser and
     request id, the context cap. Every harness agent (mini-swe-agent, the CLIs) opens one."""
-    sampling = model.sampling
-    if agent.max_tokens_per_turn:
-        sampling = sampling.model_copy(
-            update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
-        )
     return gateway.sessions.create(
         SessionConfig(
-            sampling=sampling,
+            sampling=model.sampling,
             max_context_tokens=agent.max_context_tokens,
             parser=model.parser.name,
             request_id=model.request_id,

@@ -105,6 +105,7 @@ class ModelFactory:
             get_parser(cfg.parser),
             sampling,
             request_id=rid,
+            native_tools=cfg.template_tools,
             follow_template=cfg.history == "template",
         )
 

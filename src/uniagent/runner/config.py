@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.registry import AgentKind
 from uniagent.config import build
 from uniagent.models.config import ModelConfig
 from uniagent.sandbox.config import SandboxSection
@@ -66,11 +65,6 @@ class RunConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
-    agent_kind: AgentKind = Field(
-        "react",
-        description="who acts, a kind of the agent registry: react (our loop) | "
-        "mini-swe-agent[:CONFIG] (a black-box harness through the gateway)",
-    )
 
 
 def build_config(

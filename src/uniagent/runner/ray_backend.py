@@ -81,7 +81,7 @@ class EpisodeActor:
             if self.agent is None:
                 from uniagent.agent.registry import create_agent
 
-                agent = create_agent(self.config.agent_kind)
+                agent = create_agent(self.config.agent.kind)
                 await agent.start(factory.engine, factory.codec)
                 self.agent = agent
         return self.agent

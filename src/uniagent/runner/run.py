@@ -213,7 +213,7 @@ class Runner:
             if cfg.runner.preflight:
                 await preflight(factory, todo[0][0].sandbox_config(cfg.sandbox))
             # the agent's per-run resources (a harness's gateway) serve every episode of the run
-            async with open_agent(cfg.agent_kind, factory.engine, factory.codec) as agent:
+            async with open_agent(cfg.agent.kind, factory.engine, factory.codec) as agent:
                 await gather_all([one(t, s, agent) for t, s in todo])
         finally:
             await factory.close()

@@ -263,7 +263,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
     rows: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     hist: dict[str, int] = dict(trainer.async_state.get("staleness_hist_total", {}))
-    async with open_agent(cfg.agent_kind, trainer.engine, trainer.codec) as agent:
+    async with open_agent(cfg.agent.kind, trainer.engine, trainer.codec) as agent:
         rollouts = Rollouts(trainer, agent).start()
         activity = Activity(trainer.engine).start()
         try:

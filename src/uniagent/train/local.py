@@ -243,7 +243,15 @@ class LocalTrainer:
                 seed=episode_seed(cfg.trainer.seed, task.instance_id, first_sample + k),
             )
             rid = f"{task.instance_id}#{serial}#{k}"
-            model = TokenChatModel(self.engine, self.codec, get_parser(cfg.model.parser), sampling, rid)
+            model = TokenChatModel(
+                self.engine,
+                self.codec,
+                get_parser(cfg.model.parser),
+                sampling,
+                rid,
+                native_tools=cfg.model.template_tools,
+                follow_template=cfg.model.history == "template",
+            )
             async with gate:
                 result = await run_episode(task, model, cfg.agent, cfg.sandbox, agent=agent)
             # an episode whose tokens held a secret is not trained on (the policy would learn to say it)
@@ -262,7 +270,7 @@ class LocalTrainer:
         first = (self.step + batch * cfg.trainer.steps) * cfg.trainer.group_size
         tag = f"{self.step}" if batch == 0 else f"{self.step}.{batch}"
         # the agent's per-run resources (a harness's gateway) serve the step's episodes
-        async with open_agent(cfg.agent_kind, self.engine, self.codec) as agent:
+        async with open_agent(cfg.agent.kind, self.engine, self.codec) as agent:
             groups = [self.run_group(t, tag, first, agent, gate) for t in tasks]
             return [s for group in await asyncio.gather(*groups) for s in group]
 

@@ -1,12 +1,19 @@
 """The context-policy registry: every policy is one module plus one line in `POLICIES` (a
 `uniagent.registry.Registry`, like every extension table). A policy class is built as
-`Class(ContextConfig)` once per episode and implements `ContextPolicy` (context/base.py)."""
+`Class(ContextConfig)` once per episode and implements `ContextPolicy` (context/base.py).
+
+`agent.config` checks a policy name against this table, so the config is only an annotation here
+(no import cycle between the two)."""
 
 from __future__ import annotations
 
-from uniagent.agent.config import ContextConfig
-from uniagent.agent.context.base import ContextPolicy
+from typing import TYPE_CHECKING
+
 from uniagent.registry import Entry, Registry
+
+if TYPE_CHECKING:
+    from uniagent.agent.config import ContextConfig
+    from uniagent.agent.context.base import ContextPolicy
 
 # One line per policy.
 POLICIES = Registry(

@@ -25,10 +25,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.registry import AgentKind
-from uniagent.config import set_dotted, validate_config
+from uniagent.config import RENAMED, set_dotted, validate_config
 from uniagent.errors import ConfigError
-from uniagent.parsers.registry import known_parser
+from uniagent.models.config import ModelConfig
 from uniagent.sandbox.config import SandboxSection
 
 LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
@@ -44,12 +43,12 @@ class UniAgentLoopSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
-    agent: AgentConfig = Field(default_factory=AgentConfig, description="the episode's budgets")
-    agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
-    parser: str = Field("hermes", description="tool-call format the policy writes")
-    native_tools: bool | None = Field(None, description="None: native when the template renders tools")
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="cap per model turn; default rollout.response_length"
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="who acts and the episode's budgets")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="the policy as an episode sees it: parser, max_tokens (per model turn; unset: "
+        "rollout.response_length), template_tools, history. verl serves and samples the policy itself "
+        "(actor_rollout_ref.model.path, rollout.temperature/top_p), so any other model key is refused",
     )
     untrainable_mask: Literal["zero", "keep"] = Field(
         "zero", description="zero: infrastructure failures contribute no gradient (their mask is all 0)"
@@ -75,10 +74,32 @@ class UniAgentLoopSettings(BaseModel):
     max_resumes: int = Field(50, ge=0, description="aborted turns resumed before model_error")
     resume_delay_s: float = Field(1.0, ge=0.0)
 
-    @field_validator("parser")
+    @field_validator("model")
     @classmethod
-    def _parser(cls, name: str) -> str:
-        return known_parser(name)
+    def _what_verl_applies(cls, model: ModelConfig) -> ModelConfig:
+        """`model.history` and the rest of `VERL_MODEL_KEYS` act in the loop; a key verl decides
+        itself would be silently ignored, so it is an error naming verl's key."""
+        other = sorted(model.model_fields_set - VERL_MODEL_KEYS)
+        if other:
+            raise ConfigError(
+                f"model.{other[0]} does not apply in verl's agent loop: verl serves and samples the policy "
+                "(actor_rollout_ref.model.path, actor_rollout_ref.rollout.*); the loop takes model."
+                + ", model.".join(sorted(VERL_MODEL_KEYS))
+            )
+        return model
+
+    def max_tokens(self, response_length: int) -> int:
+        """The per-turn cap: `model.max_tokens` when set, else all of verl's response length."""
+        return self.model.max_tokens if "max_tokens" in self.model.model_fields_set else response_length
+
+
+VERL_MODEL_KEYS = frozenset({"parser", "max_tokens", "template_tools", "history"})
+"""The `model:` keys the verl loop applies (`ModelConfig` is shared with run and train)."""
+
+SETTING_KEYS = frozenset(UniAgentLoopSettings.model_fields) | {
+    old.partition(".")[0] for old in RENAMED["UniAgentLoopSettings"]
+}
+"""The agent-loop YAML entry's keys UniAgentLoop takes (an old one, to name its new key)."""
 
 
 def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSettings:

@@ -1,0 +1,65 @@
+"""The config spine's shared sections: one `ModelConfig` and one `AgentConfig` (with `kind`) in
+run, train and the verl agent loop, and keys that moved naming their new place (`RENAMED`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from uniagent.config import RENAMED, validate_config
+from uniagent.errors import ConfigError
+from uniagent.integrations.verl.settings import UniAgentLoopSettings, validate_settings
+from uniagent.models.config import ModelConfig
+from uniagent.runner.config import RunConfig, build_config
+from uniagent.train.config import TrainConfig, build_train_config
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "new"),
+    [
+        (RunConfig, {"agent_kind": "react"}, "agent.kind"),
+        (TrainConfig, {"agent_kind": "react"}, "agent.kind"),
+        (RunConfig, {"agent": {"max_tokens_per_turn": 9}}, "model.max_tokens"),
+        (TrainConfig, {"agent": {"max_tokens_per_turn": 9}}, "model.max_tokens"),
+        (UniAgentLoopSettings, {"max_tokens_per_turn": 9}, "model.max_tokens"),
+        (UniAgentLoopSettings, {"parser": "hermes"}, "model.parser"),
+        (UniAgentLoopSettings, {"native_tools": True}, "model.template_tools"),
+        (UniAgentLoopSettings, {"agent_kind": "react"}, "agent.kind"),
+    ],
+)
+def test_an_old_key_is_one_line_naming_the_new_one(model, data, new) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config(model, data)
+    message = str(info.value)
+    assert "\n" not in message and f"is now {new}" in message, message
+    assert new in RENAMED[model.__name__].values()
+
+
+def test_one_model_config_shared_with_each_users_defaults() -> None:
+    run, train, verl = build_config(None, []), build_train_config(None, []), UniAgentLoopSettings()
+    assert type(run.model) is type(train.model) is type(verl.model) is ModelConfig
+    assert (run.model.temperature, run.model.max_tokens, run.model.max_batch_size) == (0.7, 512, 16)
+    assert (train.model.temperature, train.model.max_tokens, train.model.max_batch_size) == (1.0, 64, 32)
+    assert train.model.dtype == "float32" and train.agent.kind == run.agent.kind == "react"
+    # model.history applies in all three
+    assert build_train_config(None, ["model.history=template"]).model.history == "template"
+    assert validate_settings({"model": {"history": "template"}}, "x").model.history == "template"
+
+
+def test_train_takes_only_weights_it_loads() -> None:
+    assert build_train_config(None, ["model.spec=/models/m"]).model.spec == "local:/models/m"
+    assert build_train_config(None, ["model.spec=local:/models/m"]).model.spec == "local:/models/m"
+    with pytest.raises(
+        ConfigError, match=r"^config model\.spec: model spec 'vllm:http://h'.*trains the weights"
+    ):
+        build_train_config(None, ["model.spec=vllm:http://h"])
+    with pytest.raises(ConfigError, match=r"^config model\.timeout_s does not apply to training"):
+        build_train_config(None, ["model.timeout_s=3"])
+    with pytest.raises(ConfigError, match=r"model\.parser.*unknown tool parser 'nope'"):
+        build_train_config(None, ["model.parser=nope"])
+
+
+def test_verls_per_turn_cap_is_model_max_tokens() -> None:
+    assert UniAgentLoopSettings().max_tokens(4096) == 4096, "unset: all of rollout.response_length"
+    assert validate_settings({"model": {"max_tokens": 40}}, "x").max_tokens(4096) == 40
+    with pytest.raises(ConfigError, match=r"verl agent loop 'x': .*model\.spec does not apply in verl"):
+        validate_settings({"model": {"spec": "local"}}, "x")
