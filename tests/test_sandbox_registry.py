@@ -70,7 +70,7 @@ async def test_a_registered_backend_is_created_parsed_and_checked(echo: Backend,
     checks = await doctor._run(f"{__name__}:doctor_check", "sandbox echo", required=False)
     assert [(c.name, c.ok) for c in checks] == [("sandbox echo", True)]
     # Settings move onto it like onto any backend; what it cannot honour is named.
-    assert retarget({"type": "local", "env": {"A": "1"}}, "echo")["env"] == {"A": "1"}
+    assert retarget({"type": "local", "env": {"A": "1"}}, "echo").env == {"A": "1"}
     with pytest.raises(ConfigError, match="network"):
         retarget({"type": "local", "network": True}, "echo")
 

@@ -493,7 +493,7 @@ def test_agent_loop_yaml_is_what_verl_instantiates(base_config, tokenizer) -> No
         cfg = loop.agent_config()
         assert cfg.max_turns == 7, "the trainer config's uniagent: section overrides the YAML"
         assert cfg.max_context_tokens == 2048 + 4096
-        assert loop.settings.sandbox["type"] == ("local" if entry.name == "uniagent" else "container")
+        assert loop.settings.sandbox.type == ("local" if entry.name == "uniagent" else "container")
 
 
 @pytest.mark.parametrize(

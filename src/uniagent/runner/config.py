@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from uniagent.agent.config import AgentConfig
 from uniagent.config import build
 from uniagent.models.config import ModelConfig
-from uniagent.sandbox.config import SandboxSection
+from uniagent.sandbox.config import SandboxSection, default_section
 
 
 class TasksConfig(BaseModel):
@@ -61,7 +61,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=default_section)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)

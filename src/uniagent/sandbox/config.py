@@ -2,6 +2,12 @@
 parsing a config by its `type` into the config class of that backend (each backend's own lives in
 its module, found through the backend registry, sandbox/registry.py).
 
+A `sandbox:` section is parsed once, when its settings load (`SandboxSection`); from there on it
+is the backend's typed config: `Task.sandbox_config` completes it into another typed config (a
+row's image: `image_config`), and `sandbox.create` hands it to the backend as is. What the user
+set is the model's `model_fields_set`, so moving settings onto another backend (`retarget`) carries
+exactly those.
+
 Isolation is the default (`local`: bubblewrap, no network, writes only to its workspace);
 anything weaker is an explicit choice in the config.
 """
@@ -10,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
 
 from uniagent.config import first_error
 from uniagent.errors import ConfigError
@@ -77,15 +83,24 @@ def parse_config(config: Any) -> SandboxConfig:
         raise ConfigError(f"sandbox.{first_error(exc, where='type')}") from None
 
 
-def _checked_section(section: dict[str, Any]) -> dict[str, Any]:
-    """A config's `sandbox:` section, checked against the backend registry (a `ConfigError`
-    naming the key) and kept as written: each task completes it for its own rows."""
-    parse_config(section)
-    return section
+def as_written(config: SandboxConfig) -> dict[str, Any]:
+    """A typed section as the user wrote it (the keys set, and its `type`), JSON-ready: what a run's
+    `config.yaml` shows and what a Ray actor re-parses into the same model (the same keys set, so
+    `retarget` still carries only the user's choices)."""
+    return {**config.model_dump(mode="json", exclude_unset=True), "type": type_of(config)}
 
 
-SandboxSection = Annotated[dict[str, Any], AfterValidator(_checked_section)]
-"""The type of every settings model's `sandbox` field (run, train, the verl agent loop)."""
+SandboxSection = Annotated[
+    SandboxConfig, BeforeValidator(lambda data: parse_config(data)), PlainSerializer(as_written)
+]
+"""The type of every settings model's `sandbox` field (run, train, the verl agent loop): parsed
+once, by `type`, into the backend's own config class (a `ConfigError` naming the key); dumped as
+written (`as_written`)."""
+
+
+def default_section() -> SandboxConfig:
+    """A settings model's default `sandbox`: the local backend, nothing set."""
+    return parse_config(None)
 
 
 def type_of(config: SandboxConfig) -> str:
@@ -95,14 +110,13 @@ def type_of(config: SandboxConfig) -> str:
 
 def _settings(config: Any) -> dict[str, Any]:
     """What the user set, as a dict with its `type`: a model's explicitly set fields only, so
-    that a default of one backend never counts as a choice to carry elsewhere."""
-    if isinstance(config, SandboxConfig):
-        return {**config.model_dump(exclude_unset=True), "type": type_of(config)}
-    parse_config(config)  # the user's own mistakes are named as such, before any move
-    return {"type": "local", **(config or {})}
+    that a default of one backend never counts as a choice to carry elsewhere (a dict is parsed
+    first: the user's own mistakes are named as such, before any move)."""
+    cfg = parse_config(config)
+    return {**cfg.model_dump(exclude_unset=True), "type": type_of(cfg)}
 
 
-def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
+def retarget(config: Any, type: str, **fields: Any) -> SandboxConfig:
     """The user's sandbox settings moved onto backend `type`, with `fields` on top.
 
     For a task whose environment dictates the backend (a row's image needs a container): every
@@ -126,24 +140,23 @@ def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
                     f"the {source} setting `{key}`; remove it from the sandbox config (or run "
                     f"only tasks without an image)"
                 )
-    out = {**data, **fields, "type": type}
-    parse_config(out)
-    return out
+    return parse_config({**data, **fields, "type": type})
 
 
-def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
+def image_config(config: Any, image: str, workdir: str) -> SandboxConfig:
     """The sandbox for a task that must run in `image` with its project at `workdir`, keeping
     the user's settings (see `retarget`). Backends without images (local, host) become a
     container; container and modal keep their type; a SWE-ReX server uniagent starts runs in
     its `inner` container. A running SWE-ReX server has its own environment, so it cannot."""
     from uniagent.sandbox.registry import backend
 
-    data = _settings(config)
-    kind = data["type"]
+    cfg = parse_config(config)
+    kind = type_of(cfg)
     if backend(kind).images:
-        return retarget(data, kind, image=image, workdir=workdir)
+        return retarget(cfg, kind, image=image, workdir=workdir)
     if kind != "swerex":
-        return retarget(data, "container", image=image, workdir=workdir)
+        return retarget(cfg, "container", image=image, workdir=workdir)
+    data = _settings(cfg)
     if data.get("url"):
         raise ConfigError(
             f"sandbox.url: this task runs in image {image}, but a running SWE-ReX server has its "
@@ -157,6 +170,5 @@ def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
             "in the image only inside a container: set `inner: {type: container, network: true, "
             "run_args: [--network, host]}` (the image needs `swe-rex` installed)"
         )
-    return retarget(
-        data, "swerex", inner=retarget(inner, "container", image=image, workdir=workdir), workdir=workdir
-    )
+    inner_cfg = retarget(inner, "container", image=image, workdir=workdir)
+    return retarget(cfg, "swerex", inner=_settings(inner_cfg), workdir=workdir)

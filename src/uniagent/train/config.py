@@ -18,7 +18,7 @@ from uniagent.errors import ConfigError
 from uniagent.models.config import ModelConfig
 from uniagent.models.factory import local_weights
 from uniagent.models.registry import ENGINES
-from uniagent.sandbox.config import SandboxSection
+from uniagent.sandbox.config import SandboxSection, default_section
 
 
 def trainable_model(model: ModelConfig) -> ModelConfig:
@@ -263,7 +263,7 @@ class TrainConfig(BaseModel):
     )
     tasks: TrainTasksConfig = Field(default_factory=TrainTasksConfig)
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=1, max_format_errors=1))
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=default_section)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerSection = Field(default_factory=TrainerSection)

@@ -222,9 +222,7 @@ class UniAgentLoop(AgentLoopBase):
             follow_template=self.settings.model.history == "template",
         )
         async with open_agent(self.settings.agent.kind, engine, self.codec) as agent:
-            result = await run_episode(
-                task, model, self.agent_config(), dict(self.settings.sandbox), agent=agent
-            )
+            result = await run_episode(task, model, self.agent_config(), self.settings.sandbox, agent=agent)
         result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))

@@ -28,13 +28,10 @@ from uniagent.agent.config import AgentConfig
 from uniagent.config import RENAMED, set_dotted, validate_config
 from uniagent.errors import ConfigError
 from uniagent.models.config import ModelConfig
-from uniagent.sandbox.config import SandboxSection
+from uniagent.sandbox.config import SandboxSection, default_section
 
 LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
 AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
-# Keys a task row fills in for its own sandbox (`SweTask.sandbox_config` sets the row's image), so a
-# base config without them is complete enough to check.
-_ROW_FILLED = {"container": {"image": "row-image"}}
 
 
 class UniAgentLoopSettings(BaseModel):
@@ -42,7 +39,9 @@ class UniAgentLoopSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
+    sandbox: SandboxSection = Field(
+        default_factory=default_section, description="the run's sandbox; each row completes it (an image)"
+    )
     agent: AgentConfig = Field(default_factory=AgentConfig, description="who acts and the episode's budgets")
     model: ModelConfig = Field(
         default_factory=ModelConfig,
@@ -104,14 +103,8 @@ SETTING_KEYS = frozenset(UniAgentLoopSettings.model_fields) | {
 
 def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSettings:
     """`merged` (YAML entry keys plus the `uniagent:` section) as settings, or one `ConfigError`."""
-    sandbox = merged.get("sandbox", {"type": "local"})
-    probe = dict(merged)
-    if isinstance(sandbox, dict):  # check it as a row will complete it
-        probe["sandbox"] = {**_ROW_FILLED.get(str(sandbox.get("type", "local")), {}), **sandbox}
     try:
-        checked = validate_config(UniAgentLoopSettings, probe)
-        # the sandbox as written: each row fills in its own keys (an image) when it runs
-        return checked.model_copy(update={"sandbox": sandbox}) if "sandbox" in merged else checked
+        return validate_config(UniAgentLoopSettings, merged)
     except ConfigError as exc:
         raise ConfigError(
             f"verl agent loop {entry!r}: {exc} (set in its agent-loop YAML entry or by +uniagent.* overrides)"
