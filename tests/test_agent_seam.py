@@ -26,8 +26,8 @@ from agent_helpers import call
 from conftest import needs_bwrap, require_module
 from run_helpers import gold_turns
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
-from uniagent.agent.base import Agent, Episode
-from uniagent.agent.registry import AGENTS, create_agent, open_agent
+from uniagent.agent.base import Agent, Episode, create_agent, open_agent
+from uniagent.agent.registry import AGENTS
 from uniagent.errors import ConfigError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.replay import ReplayEngine, ReplayRecord, save_records

@@ -25,7 +25,7 @@ import pytest
 from conftest import needs, needs_bwrap
 from test_gateway_harness import script
 from uniagent.agent import AgentConfig
-from uniagent.agent.registry import open_agent
+from uniagent.agent.base import open_agent
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.cli_harness import ScopedApp, SessionSocket, cli_dir

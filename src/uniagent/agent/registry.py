@@ -8,25 +8,19 @@ harness that needs a tool of its own, its doctor check. A kind is `NAME` or `NAM
 (`mini-swe-agent:swebench.yaml`); the class is built as `Class(ARGUMENT or None)` and implements
 the `Agent` protocol (agent/base.py). Adding an agent is one module plus one line below.
 
-It imports nothing of `agent` at run time (the protocol and the engine types are annotations), so
-`agent.config` can type its `kind` with `AgentKind` and `agent.base` can import the config.
+It imports nothing of `agent`, so `agent.config` types its `kind` with `AgentKind` (checked when a
+config is built) and `agent.base`, which builds and opens agents (`create_agent`, `open_agent`),
+imports both.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
 from uniagent.errors import ConfigError
 from uniagent.registry import Entry, Registry
-
-if TYPE_CHECKING:
-    from uniagent.agent.base import Agent
-    from uniagent.models.base import TokenEngine
-    from uniagent.tokens import ChatCodec
 
 # One line per agent kind.
 AGENTS = Registry(
@@ -57,27 +51,6 @@ def split_kind(kind: str) -> tuple[str, str | None]:
     if name not in AGENTS:
         raise AGENTS.unknown(name, f"{', '.join(AGENTS)} (NAME or NAME:ARGUMENT)")
     return name, arg or None
-
-
-def create_agent(kind: str) -> Agent:
-    """An unstarted agent of `kind` (`react`, `mini-swe-agent[:CONFIG]`, ...)."""
-    name, arg = split_kind(kind)
-    agent: Agent = AGENTS.load(name)(arg)
-    return agent
-
-
-@contextlib.asynccontextmanager
-async def open_agent(
-    kind: str | Agent, engine: TokenEngine | None = None, codec: ChatCodec | None = None
-) -> AsyncIterator[Agent]:
-    """An agent of `kind` (or the agent object itself), started over the run's engine and codec
-    for the block and closed after it, however it ends."""
-    agent = create_agent(kind) if isinstance(kind, str) else kind
-    await agent.start(engine, codec)
-    try:
-        yield agent
-    finally:
-        await agent.close()
 
 
 def _check_kind(kind: Any) -> Any:

@@ -79,7 +79,7 @@ class EpisodeActor:
         factory = await self._ensure()
         async with self._lock:
             if self.agent is None:
-                from uniagent.agent.registry import create_agent
+                from uniagent.agent.base import create_agent
 
                 agent = create_agent(self.config.agent.kind)
                 await agent.start(factory.engine, factory.codec)

@@ -21,8 +21,7 @@ from typing import Any
 
 import yaml
 
-from uniagent.agent.base import Agent
-from uniagent.agent.registry import open_agent
+from uniagent.agent.base import Agent, open_agent
 from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError, RunInterruptedError, RunStoppedError
 from uniagent.models.factory import ModelFactory

@@ -111,7 +111,7 @@ async def run_episode(
     *,
     agent: Agent | None = None,
 ) -> EpisodeResult:
-    """`task` with `model` acted by `agent` (a started one, see `agent.registry.open_agent`;
+    """`task` with `model` acted by `agent` (a started one, see `agent.base.open_agent`;
     default: the ReAct loop) under the budgets in `config`, in a sandbox from `sandbox` (the run's
     settings; the task completes them). Never raises for episode-level failures: they come back
     as an exit reason. Grading happens here, for every agent (`uniagent.tasks.grading`): the final

@@ -257,7 +257,7 @@ class Rollouts:
 
 async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[str, Any]]:
     """The async loop: consume finished groups, train, publish weights; until `trainer.steps`."""
-    from uniagent.agent.registry import open_agent
+    from uniagent.agent.base import open_agent
 
     cfg = trainer.cfg
     rows: list[dict[str, Any]] = []

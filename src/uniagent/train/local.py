@@ -263,7 +263,7 @@ class LocalTrainer:
     async def rollout(self, tasks: list[Task], batch: int = 0) -> list[Sample]:
         """One sync rollout batch: `group_size` episodes per task, all on the policy's current weights.
         `batch` > 0 numbers the extra batches dynamic sampling asks for (their seeds differ)."""
-        from uniagent.agent.registry import open_agent
+        from uniagent.agent.base import open_agent
 
         cfg = self.cfg
         gate = asyncio.Semaphore(cfg.trainer.concurrency)

@@ -71,7 +71,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
-from uniagent.agent.registry import open_agent
+from uniagent.agent.base import open_agent
 from uniagent.agent.result import check_infra_failures
 from uniagent.integrations.verl.engine import VerlEngine
 from uniagent.integrations.verl.settings import (
