@@ -15,8 +15,9 @@ import pytest
 from uniagent import doctor
 from uniagent.errors import ConfigError
 from uniagent.sandbox import PipeShellSandbox, Sandbox, create, parse_config, procs
-from uniagent.sandbox.config import SandboxConfig, retarget
+from uniagent.sandbox.config import retarget
 from uniagent.sandbox.registry import BACKENDS, Backend, backend
+from uniagent.sandbox.settings import SandboxConfig
 
 
 class EchoConfig(SandboxConfig):

@@ -244,7 +244,7 @@ def _anchor(root: str, key: str) -> str:
 def _sandbox_section(root: str, key: str, level: int, out: list[str]) -> None:
     """The `sandbox` mapping: a table per backend `type` (its own keys first), then the
     limits every backend shares."""
-    from uniagent.sandbox.config import Limits, SandboxConfig
+    from uniagent.sandbox.settings import Limits, SandboxConfig
 
     out.append(f"{'#' * level} `{key}` {{#{_anchor(root, key)}}}\n")
     backends = _sandbox_backends()

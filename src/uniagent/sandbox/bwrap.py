@@ -20,8 +20,8 @@ from typing import Literal
 from pydantic import Field
 
 from uniagent.sandbox.cgroups import SandboxCgroup
-from uniagent.sandbox.config import Limits, SandboxConfig
 from uniagent.sandbox.procs import quote
+from uniagent.sandbox.settings import Limits, SandboxConfig
 
 
 class LocalConfig(SandboxConfig):

@@ -14,39 +14,17 @@ anything weaker is an explicit choice in the config.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
+from pydantic import BeforeValidator, PlainSerializer, ValidationError
 
 from uniagent.config import first_error
 from uniagent.errors import ConfigError
+from uniagent.sandbox.registry import backend
+from uniagent.sandbox.settings import SandboxConfig, type_of
 
-
-class Limits(BaseModel):
-    """Resource limits. `None` means no limit. Backends apply what they can and log the rest."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    memory_mb: int | None = Field(4096, ge=16)
-    pids: int | None = Field(512, ge=8)
-    cpu_time_s: int | None = Field(None, ge=1, description="CPU seconds per process (RLIMIT_CPU)")
-    file_size_mb: int | None = Field(1024, ge=1, description="largest file a process may write")
-    open_files: int | None = Field(1024, ge=16)
-    wall_clock_s: float | None = Field(None, gt=0, description="the sandbox is stopped this long after start")
-    cpus: float | None = Field(None, gt=0, description="CPU share (containers, cgroup cpu quota)")
-
-
-class SandboxConfig(BaseModel):
-    """What every backend's config has; each backend's own adds `type: Literal[NAME]` and more."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workdir: str = Field("/workspace", description="the agent's working directory inside the sandbox")
-    env: dict[str, str] = Field(default_factory=dict, description="set in every shell of the sandbox")
-    limits: Limits = Field(default_factory=Limits)
-    max_output_chars: int = Field(30_000, ge=200, description="observations are clipped to this")
-    start_timeout_s: float = Field(120.0, gt=0)
-    start_retries: int = Field(2, ge=0)
+if TYPE_CHECKING:
+    from uniagent.sandbox.base import Sandbox
 
 
 _CONSENTS = frozenset({"i_understand_there_is_no_isolation"})
@@ -61,8 +39,6 @@ def parse_config(config: Any) -> SandboxConfig:
     """A config object, or a dict like `{"type": "local", ...}` (no `type`: local); any type of
     the backend registry, validated by that backend's own config class (only its module is
     imported)."""
-    from uniagent.sandbox.registry import backend
-
     if isinstance(config, SandboxConfig):
         return config
     if config is None:
@@ -103,11 +79,6 @@ def default_section() -> SandboxConfig:
     return parse_config(None)
 
 
-def type_of(config: SandboxConfig) -> str:
-    """A config's backend `type` (each backend's config class declares its own)."""
-    return str(type(config).model_fields["type"].default)
-
-
 def _settings(config: Any) -> dict[str, Any]:
     """What the user set, as a dict with its `type`: a model's explicitly set fields only, so
     that a default of one backend never counts as a choice to carry elsewhere (a dict is parsed
@@ -124,8 +95,6 @@ def retarget(config: Any, type: str, **fields: Any) -> SandboxConfig:
     `fields` are what the task dictates and win. A setting the target has no way to honour (a
     local `rootfs` on a container) is a ConfigError naming it, never silently dropped.
     """
-    from uniagent.sandbox.registry import backend
-
     target = backend(type).config_class()
     data = _settings(config)
     source = data.pop("type")
@@ -148,8 +117,6 @@ def image_config(config: Any, image: str, workdir: str) -> SandboxConfig:
     the user's settings (see `retarget`). Backends without images (local, host) become a
     container; container and modal keep their type; a SWE-ReX server uniagent starts runs in
     its `inner` container. A running SWE-ReX server has its own environment, so it cannot."""
-    from uniagent.sandbox.registry import backend
-
     cfg = parse_config(config)
     kind = type_of(cfg)
     if backend(kind).images:
@@ -172,3 +139,10 @@ def image_config(config: Any, image: str, workdir: str) -> SandboxConfig:
         )
     inner_cfg = retarget(inner, "container", image=image, workdir=workdir)
     return retarget(cfg, "swerex", inner=_settings(inner_cfg), workdir=workdir)
+
+
+def create(config: Any = None) -> Sandbox:
+    """Build an unstarted sandbox from a typed config (as is) or a dict such as `{"type": "local"}`
+    (parsed by its `type`)."""
+    cfg = parse_config(config)
+    return backend(type_of(cfg)).sandbox_class()(cfg)

@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import spawn
+from uniagent.sandbox.settings import SandboxConfig
 
 
 class ContainerConfig(SandboxConfig):

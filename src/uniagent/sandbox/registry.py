@@ -6,7 +6,8 @@ Literal[NAME]`), its Sandbox class and its health check `async def doctor_check(
 ok, detail)]`, plus one line below naming the class (`"module:Class"`), the config (an attribute
 of that module) and whether a task's image runs in it. Nothing is imported until a config of
 that type is parsed or a sandbox created, so a config costs only its own backend's imports.
-`sandbox.create`, `parse_config`, `retarget` and `uniagent doctor` all go through this table.
+`sandbox.create`, `parse_config`, `retarget` (sandbox/config.py) and `uniagent doctor` all go
+through this table, which imports no backend and nothing of the sandbox package but its settings.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 from pydantic import Field, TypeAdapter
 
 from uniagent.registry import Entry, Registry
-from uniagent.sandbox.config import SandboxConfig, parse_config, type_of
+from uniagent.sandbox.settings import SandboxConfig
 
 if TYPE_CHECKING:
     from uniagent.sandbox.base import Sandbox
@@ -102,12 +103,6 @@ def _union(configs: tuple[type[SandboxConfig], ...]) -> Any:
 def adapter() -> TypeAdapter[Any]:
     """The validator of the union of every backend registered now."""
     return TypeAdapter(deploy_config())
-
-
-def create(config: Any = None) -> Sandbox:
-    """Build an unstarted sandbox from a config object or a dict such as `{"type": "local"}`."""
-    cfg = parse_config(config)
-    return backend(type_of(cfg)).sandbox_class()(cfg)
 
 
 def __getattr__(name: str) -> Any:
