@@ -2,10 +2,12 @@
 verify), `uniagent train` and the verl agent loop (`uniagent.model`).
 
 It lives in `models/` beside the engine registry that reads it, so an engine module can take its
-settings from it without importing the runner. Each user keeps its own defaults (`TrainConfig`
-samples at temperature 1.0) and checks what it cannot apply (train: the spec must be weights it
-loads; verl: the spec, the engine and the batch are verl's own). A field that applies only to
-some of them says so in its description.
+settings from it without importing the runner. It checks a spec against the registry's table
+(imported at the top: the registry names this class only in annotations).
+
+Each user keeps its own defaults (`TrainConfig` samples at temperature 1.0) and checks what it
+cannot apply (train: the spec must be weights it loads; verl: the spec, the engine and the batch
+are verl's own). A field that applies only to some of them says so in its description.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from uniagent.models.registry import engine_kind, split_spec
 from uniagent.models.remote.config import RemoteConfig
 from uniagent.parsers.registry import known_parser
 
@@ -92,8 +95,6 @@ class ModelConfig(BaseModel):
     def _registered_kind(cls, spec: str) -> str:
         """A kind the registry does not know fails here, before a run creates anything (the
         kind's module is imported only when the model is built)."""
-        from uniagent.models.registry import split_spec
-
         split_spec(spec)
         return spec
 
@@ -106,8 +107,6 @@ class ModelConfig(BaseModel):
     def _native_needs_endpoint(self) -> ModelConfig:
         if self.tool_format != "native":
             return self
-        from uniagent.models.registry import engine_kind
-
         kind, _ = engine_kind(self.spec)
         if kind.token_level:
             raise ValueError(
