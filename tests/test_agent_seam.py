@@ -47,6 +47,7 @@ class ProbeAgent:
 
     name = "probe"
     EVENTS: ClassVar[list[tuple[str, Any]]] = []
+    MODELS: ClassVar[list[Any]] = []
 
     def __init__(self, arg: str | None = None) -> None:
         self.arg = arg
@@ -60,6 +61,7 @@ class ProbeAgent:
     async def run(self, episode: Episode) -> EpisodeResult:
         res = await episode.sandbox.exec("echo probe > probe.txt && cat probe.txt", timeout=10)
         self.EVENTS.append(("run", (episode.task.instance_id, type(episode.model).__name__)))
+        self.MODELS.append(episode.model)
         result = EpisodeResult(
             episode.task.messages(), None, ExitReason.FINISHED, None, {"probe": res.output}
         )
@@ -72,6 +74,7 @@ def probe(monkeypatch) -> list[tuple[str, Any]]:
     """`probe` registered (one registry line, the class named by string); its events."""
     monkeypatch.setitem(AGENTS, "probe", f"{__name__}:ProbeAgent")
     ProbeAgent.EVENTS.clear()
+    ProbeAgent.MODELS.clear()
     return ProbeAgent.EVENTS
 
 
@@ -212,6 +215,8 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
             "trainer.group_size=2",
             "trainer.tensorboard=false",
             "agent.kind=probe",
+            "model.history=template",  # the shared model section acts in the trainer too
+            "model.template_tools=false",
         ],
     )
     trainer = LocalTrainer(cfg)
@@ -222,6 +227,7 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
     assert [s.result.metrics["agent_kind"] for s in samples] == ["probe", "probe"]
     assert [e for e, _ in probe] == ["start", "run", "run", "close"]
     assert probe[0][1] == ("LocalEngine", True, None), "the agent got the trainer's own engine"
+    assert [(m.follow_template, m.native_tools) for m in ProbeAgent.MODELS] == [(True, False)] * 2
 
 
 def test_mini_swe_agent_on_a_real_ray_cluster(tmp_path: Path, codec: ChatCodec) -> None:
