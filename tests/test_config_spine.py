@@ -63,3 +63,22 @@ def test_verls_per_turn_cap_is_model_max_tokens() -> None:
     assert validate_settings({"model": {"max_tokens": 40}}, "x").max_tokens(4096) == 40
     with pytest.raises(ConfigError, match=r"verl agent loop 'x': .*model\.spec does not apply in verl"):
         validate_settings({"model": {"spec": "local"}}, "x")
+
+
+def test_the_sandbox_section_is_parsed_once_and_travels_typed() -> None:
+    """Loaded once into the backend's config; a task without an image hands the same object to the
+    backend; dumped as written, so a Ray actor re-parsing it sees the same user settings."""
+    from uniagent.sandbox import ContainerConfig, LocalConfig
+    from uniagent.sandbox.config import as_written
+    from uniagent.tasks import load_tasks
+
+    cfg = build_config(None, ["sandbox.network=true", "sandbox.limits.pids=64"])
+    assert isinstance(cfg.sandbox, LocalConfig) and cfg.sandbox.network
+    task = load_tasks("builtin:starter")[0]
+    assert task.sandbox_config(cfg.sandbox) is cfg.sandbox, "not parsed again"
+    dumped = cfg.model_dump(mode="json")["sandbox"]
+    assert dumped == {"type": "local", "network": True, "limits": {"pids": 64}}
+    again = RunConfig.model_validate(cfg.model_dump(mode="json")).sandbox
+    assert as_written(again) == dumped and again == cfg.sandbox
+    image = build_config(None, ["sandbox.type=container", "sandbox.image=x:1"]).sandbox
+    assert isinstance(image, ContainerConfig) and as_written(image) == {"type": "container", "image": "x:1"}
