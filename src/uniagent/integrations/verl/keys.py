@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
+from uniagent.sandbox.config import as_written
+from uniagent.sandbox.settings import SandboxConfig
 from uniagent.train.config import NOT_TRAINED, TrainConfig
 
 SYNC_ENTRY = "verl.trainer.main_ppo"
@@ -231,7 +233,9 @@ def to_loop(name: str, path: str, why: str, *, subtree: bool = False) -> Knob:
 
 
 def flatten(prefix: str, value: Any) -> Values:
-    if hasattr(value, "model_dump"):
+    if isinstance(value, SandboxConfig):  # the settings as written (each row completes them)
+        value = as_written(value)
+    elif hasattr(value, "model_dump"):
         value = value.model_dump(mode="json")
     if isinstance(value, dict):
         out: Values = {}
