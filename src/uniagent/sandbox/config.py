@@ -1,6 +1,7 @@
-"""Where an episode's commands run: what every backend's config has (`SandboxConfig`), and
-parsing a config by its `type` into the config class of that backend (each backend's own lives in
-its module, found through the backend registry, sandbox/registry.py).
+"""Where an episode's commands run: parsing a sandbox config by its `type` into the config class
+of that backend (a `SandboxConfig`, sandbox/settings.py; each backend's own lives in its module,
+found through the backend registry, sandbox/registry.py), and `create`, which builds the backend's
+sandbox from it.
 
 A `sandbox:` section is parsed once, when its settings load (`SandboxSection`); from there on it
 is the backend's typed config: `Task.sandbox_config` completes it into another typed config (a
