@@ -27,9 +27,9 @@ from agent_helpers import call
 from conftest import needs_bwrap, require_module
 from run_helpers import gold_turns
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
-from uniagent.agent.base import Agent, AgentBase, Episode
+from uniagent.agent.base import Agent, AgentBase, Episode, create_agent, open_agent
 from uniagent.agent.react import ReactAgent
-from uniagent.agent.registry import AGENTS, create_agent, open_agent
+from uniagent.agent.registry import AGENTS
 from uniagent.errors import ConfigError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.openai_chat import OpenAIChatModel
@@ -51,6 +51,7 @@ class ProbeAgent(AgentBase):
 
     name = "probe"
     EVENTS: ClassVar[list[tuple[str, Any]]] = []
+    MODELS: ClassVar[list[Any]] = []
 
     def __init__(self, arg: str | None = None) -> None:
         self.arg = arg
@@ -64,6 +65,7 @@ class ProbeAgent(AgentBase):
     async def run(self, episode: Episode) -> EpisodeResult:
         res = await episode.sandbox.exec("echo probe > probe.txt && cat probe.txt", timeout=10)
         self.EVENTS.append(("run", (episode.task.instance_id, type(episode.model).__name__)))
+        self.MODELS.append(episode.model)
         result = EpisodeResult(
             episode.task.messages(), None, ExitReason.FINISHED, None, {"probe": res.output}
         )
@@ -76,6 +78,7 @@ def probe(monkeypatch) -> list[tuple[str, Any]]:
     """`probe` registered (one registry line, the class named by string); its events."""
     monkeypatch.setitem(AGENTS, "probe", f"{__name__}:ProbeAgent")
     ProbeAgent.EVENTS.clear()
+    ProbeAgent.MODELS.clear()
     return ProbeAgent.EVENTS
 
 
@@ -175,11 +178,13 @@ def test_unknown_agent_kind_names_the_known_ones(probe) -> None:
     known = "react, mini-swe-agent, claude-code, codex, probe"
     with pytest.raises(ConfigError, match=rf"unknown agent kind 'aider'; known: {known}"):
         create_agent("aider")
-    with pytest.raises(ConfigError, match=r"agent_kind.*unknown agent kind 'nope'"):
-        build_config(None, ["agent_kind=nope"])
+    with pytest.raises(ConfigError, match=r"agent\.kind.*unknown agent kind 'nope'"):
+        build_config(None, ["agent.kind=nope"])
+    with pytest.raises(ConfigError, match=r"^config agent_kind is now agent\.kind: set agent\.kind instead$"):
+        build_config(None, ["agent_kind=probe"])
     with pytest.raises(ConfigError, match="react takes no"):
         create_agent("react:extra")
-    assert build_config(None, ["agent_kind=probe:x"]).agent_kind == "probe:x"
+    assert build_config(None, ["agent.kind=probe:x"]).agent.kind == "probe:x"
     assert isinstance(create_agent("probe:x"), ProbeAgent) and create_agent("probe:x").arg == "x"
 
 
@@ -192,7 +197,7 @@ def run_config(tmp_path: Path, codec: ChatCodec, kind: str, **runner: Any) -> Ru
     return RunConfig.model_validate(
         {
             "model": {"spec": f"replay:{replay}"},
-            "agent_kind": kind,
+            "agent": {"kind": kind},
             "tasks": {"spec": "builtin:starter", "ids": [task.instance_id]},
             "runner": {"output": str(tmp_path / "run"), "preflight": False, **runner},
         }
@@ -259,7 +264,9 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
             "tasks.limit=1",
             "trainer.group_size=2",
             "trainer.tensorboard=false",
-            "agent_kind=probe",
+            "agent.kind=probe",
+            "model.history=template",  # the shared model section acts in the trainer too
+            "model.template_tools=false",
         ],
     )
     trainer = LocalTrainer(cfg)
@@ -270,6 +277,7 @@ def test_a_registered_agent_runs_in_the_local_trainer(tmp_path: Path, probe) -> 
     assert [s.result.metrics["agent_kind"] for s in samples] == ["probe", "probe"]
     assert [e for e, _ in probe] == ["start", "run", "run", "close"]
     assert probe[0][1] == ("LocalEngine", True, None), "the agent got the trainer's own engine"
+    assert [(m.follow_template, m.native_tools) for m in ProbeAgent.MODELS] == [(True, False)] * 2
 
 
 def test_mini_swe_agent_on_a_real_ray_cluster(tmp_path: Path, codec: ChatCodec) -> None:

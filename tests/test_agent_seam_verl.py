@@ -1,4 +1,4 @@
-"""The verl agent loop runs whatever agent `uniagent.agent_kind` names, through the one episode entry.
+"""The verl agent loop runs whatever agent `uniagent.agent.kind` names, through the one episode entry.
 
 Real parts and the one fake (`EngineServer`, verl's LLMServerClient stand-in) as in test_verl_loop.py,
 whose helpers this uses; the agent is test_agent_seam.py's registered `ProbeAgent`.
@@ -10,7 +10,7 @@ from conftest import needs_bwrap, require_module
 
 require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
-from test_agent_seam import mini_turns, probe  # noqa: E402,F401  (probe: the fixture registering it)
+from test_agent_seam import ProbeAgent, mini_turns, probe  # noqa: E402,F401  (probe: the fixture registering it)
 from test_verl_loop import (  # noqa: E402,F401  (fixtures, then helpers)
     GOLD,
     EngineServer,
@@ -36,7 +36,9 @@ pytestmark = needs_bwrap
 def test_the_verl_loop_runs_a_registered_agent(base_config, tokenizer, data_dir, probe) -> None:  # noqa: F811
     codec = ChatCodec(tokenizer)
     server = EngineServer(scripted_engine(codec, {}))
-    config = make_config(base_config, uniagent={"agent_kind": "probe"})
+    # the shared model section acts in the loop too: history and template_tools reach the model
+    section = {"agent": {"kind": "probe"}, "model": {"history": "template", "template_tools": False}}
+    config = make_config(base_config, uniagent=section)
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
 
@@ -45,6 +47,7 @@ def test_the_verl_loop_runs_a_registered_agent(base_config, tokenizer, data_dir,
     assert [e for e, _ in probe] == ["start", "run", "close"]
     assert probe[0][1] == ("VerlEngine", True, None), "the agent got this sample's engine"
     assert probe[1][1] == (GOLD, "TokenChatModel")
+    assert [(m.follow_template, m.native_tools) for m in ProbeAgent.MODELS] == [(True, False)]
     assert not server.calls, "the probe never asks the model"
 
 
@@ -53,7 +56,7 @@ def test_the_verl_loop_runs_mini_swe_agent(base_config, tokenizer, data_dir) -> 
     gold fix, the task's verifier; what verl gets is the exact token record of its requests."""
     codec = ChatCodec(tokenizer)
     server = EngineServer(scripted_engine(codec, {GOLD: mini_turns(starter(GOLD))}), by_instance)
-    config = make_config(base_config, uniagent={"agent_kind": "mini-swe-agent"})
+    config = make_config(base_config, uniagent={"agent": {"kind": "mini-swe-agent"}})
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
 

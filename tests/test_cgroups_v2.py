@@ -27,8 +27,8 @@ from conftest import needs_bwrap, require
 from uniagent.sandbox import cgroups, create
 from uniagent.sandbox.bwrap import child_setup
 from uniagent.sandbox.cgroups import SandboxCgroup, cgroup_name, enable_controllers
-from uniagent.sandbox.config import Limits
 from uniagent.sandbox.local import LocalSandbox
+from uniagent.sandbox.settings import Limits
 
 
 def _mount_v2(where: str) -> str:

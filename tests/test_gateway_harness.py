@@ -183,7 +183,7 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
         f"cat > /tmp/fix.diff <<'UA_EOF'\n{task.row['patch']}UA_EOF\ngit apply /tmp/fix.diff && echo applied"
     )
     turns = [bash(fix), bash(SUBMIT)]
-    summary, row = run_one_task(tmp_path, codec, task, turns, "--set", "agent_kind=mini-swe-agent")
+    summary, row = run_one_task(tmp_path, codec, task, turns, "--set", "agent.kind=mini-swe-agent")
     assert summary["resolved"] == 1 and summary["exit_reasons"] == {"finished": 1}
     assert row["drift"] is None and row["metrics"]["agent_kind"] == "mini-swe-agent"
     segments = row["segments"]
@@ -197,7 +197,7 @@ def test_uniagent_run_with_mini_swe_agent(tmp_path: Path, codec: ChatCodec) -> N
         text=True,
         timeout=120,
     )
-    assert bad.returncode == 2 and "agent_kind" in bad.stderr
+    assert bad.returncode == 2 and "agent.kind" in bad.stderr
     assert "known: react, mini-swe-agent, claude-code, codex" in bad.stderr
 
 

@@ -23,7 +23,7 @@ from conftest import needs, needs_bwrap
 from run_helpers import run_one_task
 from test_gateway_harness import script
 from uniagent.agent import AgentConfig
-from uniagent.agent.registry import open_agent
+from uniagent.agent.base import open_agent
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.sessions import SessionConfig

@@ -15,8 +15,9 @@ import pytest
 from uniagent import doctor
 from uniagent.errors import ConfigError
 from uniagent.sandbox import PipeShellSandbox, Sandbox, create, parse_config, procs
-from uniagent.sandbox.config import SandboxConfig, retarget
+from uniagent.sandbox.config import retarget
 from uniagent.sandbox.registry import BACKENDS, Backend, backend
+from uniagent.sandbox.settings import SandboxConfig
 
 
 class EchoConfig(SandboxConfig):
@@ -70,7 +71,7 @@ async def test_a_registered_backend_is_created_parsed_and_checked(echo: Backend,
     checks = await doctor._run(f"{__name__}:doctor_check", "sandbox echo", required=False)
     assert [(c.name, c.ok) for c in checks] == [("sandbox echo", True)]
     # Settings move onto it like onto any backend; what it cannot honour is named.
-    assert retarget({"type": "local", "env": {"A": "1"}}, "echo")["env"] == {"A": "1"}
+    assert retarget({"type": "local", "env": {"A": "1"}}, "echo").env == {"A": "1"}
     with pytest.raises(ConfigError, match="network"):
         retarget({"type": "local", "network": True}, "echo")
 
@@ -92,3 +93,19 @@ def test_every_backend_line_names_its_config_and_class() -> None:
         # Pipe-shell hooks (_spawn, _signal_tree, ...) only where bash runs over pipes.
         assert issubclass(cls, PipeShellSandbox) == (name != "swerex"), name
         assert not hasattr(Sandbox, "_spawn") and not hasattr(Sandbox, "_signal_tree")
+
+
+def test_a_backend_missing_its_sdk_is_a_config_error_with_the_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both of a line's objects (config class, sandbox class) load through the table's error mapping."""
+    (tmp_path / "uniagent_test_cloudbox.py").write_text("import uniagent_test_cloudbox_sdk\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = Backend("uniagent_test_cloudbox:Box", config="BoxConfig", install="pip install 'uniagent[box]'")
+    monkeypatch.setitem(BACKENDS, "box", line)
+    hint = r"'box' needs the Python package 'uniagent_test_cloudbox_sdk': install it "
+    hint += r"\(pip install 'uniagent\[box\]'\)"
+    with pytest.raises(ConfigError, match=hint):
+        parse_config({"type": "box"})
+    with pytest.raises(ConfigError, match=hint):
+        line.sandbox_class()

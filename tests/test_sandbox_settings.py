@@ -20,7 +20,7 @@ from uniagent import sandbox as sandboxes
 from uniagent.errors import ConfigError
 from uniagent.sandbox import ContainerConfig, ModalConfig, SweRexConfig, parse_config
 from uniagent.sandbox.base import Sandbox
-from uniagent.sandbox.config import retarget
+from uniagent.sandbox.config import as_written, retarget
 from uniagent.tasks import load_tasks
 from uniagent.tasks.r2e_gym import R2EGymTask
 from uniagent.tasks.swe import SweTask
@@ -52,14 +52,16 @@ def image_row(**over: Any) -> dict[str, Any]:
 
 def test_an_image_row_keeps_the_users_settings() -> None:
     cfg = SweTask(image_row()).sandbox_config(USER)
-    assert cfg == {**KEPT, "type": "container", "image": IMAGE, "workdir": "/testbed"}
+    assert isinstance(cfg, ContainerConfig), "the task's sandbox is the backend's typed config"
+    assert as_written(cfg) == {**KEPT, "type": "container", "image": IMAGE, "workdir": "/testbed"}
     box = sandboxes.create(cfg)
     assert isinstance(box.config, ContainerConfig) and box.config.network
     assert box.config.limits.memory_mb == 2048 and box.config.limits.cpus == 1.5
     assert box.config.limits.wall_clock_s == 900 and box.config.start_timeout_s == 600
     assert box.config.env == USER["env"] and box.config.max_output_chars == 5000
+    assert box.config is cfg, "created from the typed config as is, not parsed again"
     # A config object works as a dict does: only what the user set counts as set.
-    assert SweTask(image_row(workdir="/src")).sandbox_config(parse_config(USER)) == {
+    assert as_written(SweTask(image_row(workdir="/src")).sandbox_config(parse_config(USER))) == {
         **KEPT,
         "type": "container",
         "image": IMAGE,
@@ -76,17 +78,18 @@ def test_the_image_comes_from_the_row_and_the_runtime_from_the_user() -> None:
         "limits": {"pids": 99},
     }
     cfg = SweTask(image_row()).sandbox_config(user)
-    assert cfg == {**user, "image": IMAGE, "workdir": "/testbed"}
+    assert as_written(cfg) == {**user, "image": IMAGE, "workdir": "/testbed"}
     modal = SweTask(image_row()).sandbox_config({"type": "modal", "cpu": 2.0, "timeout_s": 120})
-    assert isinstance(parse_config(modal), ModalConfig) and modal["image"] == IMAGE and modal["cpu"] == 2.0
+    assert isinstance(modal, ModalConfig) and modal.image == IMAGE and modal.cpu == 2.0
     host = {"type": "host", "i_understand_there_is_no_isolation": True, "env": {"A": "1"}}
-    assert SweTask(image_row()).sandbox_config(host) == {
+    assert as_written(SweTask(image_row()).sandbox_config(host)) == {
         "type": "container",
         "env": {"A": "1"},
         "image": IMAGE,
         "workdir": "/testbed",
     }, "a container needs no consent to run without isolation"
-    assert SweTask(image_row(image=None, repo_dir="x")).sandbox_config(USER) == USER, "no image: as given"
+    no_image = SweTask(image_row(image=None, repo_dir="x")).sandbox_config(USER)
+    assert as_written(no_image) == USER, "no image: as given"
 
 
 def test_every_swe_family_keeps_the_settings() -> None:
@@ -95,7 +98,7 @@ def test_every_swe_family_keeps_the_settings() -> None:
     r2e = [t for t in load_tasks(str(FIXTURES / "r2e_gym_rows.jsonl")) if t.row.get("image")]
     assert {type(t) for t in rebench + r2e} == {SweRebenchTask, R2EGymTask}
     for t in rebench + r2e:
-        cfg = t.sandbox_config(USER)
+        cfg = as_written(t.sandbox_config(USER))
         assert cfg == {**KEPT, "type": "container", "image": t.row["image"], "workdir": t.row["workdir"]}
 
 
@@ -123,8 +126,8 @@ def test_swerex_runs_an_image_only_in_a_container_it_starts() -> None:
         SweTask(image_row()).sandbox_config({"type": "swerex"})
     inner = {"type": "container", "network": True, "run_args": ["--network", "host"]}
     cfg = SweTask(image_row()).sandbox_config({"type": "swerex", "inner": inner, "limits": {"pids": 64}})
-    assert isinstance(parse_config(cfg), SweRexConfig) and cfg["limits"] == {"pids": 64}
-    assert cfg["inner"] == {**inner, "image": IMAGE, "workdir": "/testbed"} and cfg["workdir"] == "/testbed"
+    assert isinstance(cfg, SweRexConfig) and as_written(cfg)["limits"] == {"pids": 64}
+    assert cfg.inner == {**inner, "image": IMAGE, "workdir": "/testbed"} and cfg.workdir == "/testbed"
 
 
 def test_retarget_validates_through_the_union() -> None:
@@ -132,7 +135,7 @@ def test_retarget_validates_through_the_union() -> None:
         retarget({"type": "local", "limits": {"memory_mb": 1}}, "container", image=IMAGE)
     with pytest.raises(ConfigError, match="unknown sandbox type 'vm'"):
         retarget(None, "vm")
-    assert retarget(None, "container", image=IMAGE) == {"type": "container", "image": IMAGE}
+    assert as_written(retarget(None, "container", image=IMAGE)) == {"type": "container", "image": IMAGE}
 
 
 def test_the_removed_sandbox_timeout_names_its_replacement() -> None:

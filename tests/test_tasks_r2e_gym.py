@@ -14,6 +14,7 @@ from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import ExitReason
 from uniagent.errors import ConfigError
+from uniagent.sandbox.config import as_written
 from uniagent.tasks import detect_family, load_tasks, run_episode
 from uniagent.tasks.loading import load_rows
 from uniagent.tasks.r2e_gym import R2EGymTask, compare_r2e, parse_r2e_log
@@ -96,10 +97,14 @@ def test_rows_map_onto_the_task(tasks: list[R2EGymTask], rows: list[dict]) -> No
     # The gold patch is the commit's non-test Python diff; its test-file diff protects those files.
     assert "vecmath/vector.py" in vec.gold_patch and "tests/test_vector.py" not in vec.gold_patch
     assert vec.test_patch.startswith("diff --git a/tests/test_vector.py")
-    assert vec.sandbox_config(None) == {"type": "local"}
+    assert as_written(vec.sandbox_config(None)) == {"type": "local"}
     assert vec.repo_path() == FIXTURES / "r2e_gym" / "vecmath"
     image = f"namanjain12/vecmath_final:{rows[2]['commit_hash']}"
-    assert published.sandbox_config(None) == {"type": "container", "image": image, "workdir": "/testbed"}
+    assert as_written(published.sandbox_config(None)) == {
+        "type": "container",
+        "image": image,
+        "workdir": "/testbed",
+    }
     assert published.describe() == {
         "instance_id": f"vecmath__{rows[2]['commit_hash']}",
         "family": "r2e_gym",
@@ -123,7 +128,7 @@ def test_image_name_swebench_rows_and_bad_rows(rows: list[dict]) -> None:
     t = R2EGymTask(swebench_row())
     assert t.mode == "swebench" and t.log_parser == "parse_log_django", "SWE-bench parser for the repo"
     assert t.fail_to_pass == ["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]
-    assert t.sandbox_config(None)["workdir"] == "/testbed" and t.row["base_commit"].startswith("d26b")
+    assert t.sandbox_config(None).workdir == "/testbed" and t.row["base_commit"].startswith("d26b")
     assert t.gold_patch.startswith("diff --git a/django/contrib/auth/validators.py"), "the row's own patch"
 
 

@@ -13,6 +13,7 @@ from conftest import needs_bwrap
 from uniagent import sandbox as sandboxes
 from uniagent.agent import ExitReason
 from uniagent.errors import ConfigError
+from uniagent.sandbox.config import as_written
 from uniagent.tasks import detect_family, load_tasks, run_episode
 from uniagent.tasks.loading import load_rows
 from uniagent.tasks.swe_rebench import (
@@ -78,22 +79,27 @@ def test_local_rows_map_onto_swe_task(tasks: dict[str, SweRebenchTask]) -> None:
     assert t.test_cmd.startswith(CONDA_ACTIVATE)
     assert t.prelude.endswith("LANG=C.UTF-8 LC_ALL=C.UTF-8 python -m compileall -q textkit")
     assert "image" not in t.row and t.repo_path() == FIXTURES / "swe_rebench" / "textkit"
-    assert t.sandbox_config(None) == {"type": "local"}
+    assert as_written(t.sandbox_config(None)) == {"type": "local"}
     assert t.describe()["rebench_version"] == 1
 
 
 def test_published_row_runs_in_its_image(tasks: dict[str, SweRebenchTask]) -> None:
     t = tasks["textkit-dev__textkit-117"]
     image = "swerebench/sweb.eval.x86_64.textkit-dev_1776_textkit-117:latest"
-    assert t.sandbox_config(None) == {"type": "container", "image": image, "workdir": "/testbed"}
-    assert t.sandbox_config({"type": "local", "limits": {"memory_mb": 2048}}) == {
+    assert as_written(t.sandbox_config(None)) == {"type": "container", "image": image, "workdir": "/testbed"}
+    assert as_written(t.sandbox_config({"type": "local", "limits": {"memory_mb": 2048}})) == {
         "type": "container",
         "limits": {"memory_mb": 2048},
         "image": image,
         "workdir": "/testbed",
     }, "a local base becomes the row's container, with the user's settings"
     podman = t.sandbox_config({"type": "container", "runtime": "podman", "image": "mine:1"})
-    assert podman == {"type": "container", "runtime": "podman", "image": image, "workdir": "/testbed"}
+    assert as_written(podman) == {
+        "type": "container",
+        "runtime": "podman",
+        "image": image,
+        "workdir": "/testbed",
+    }
     assert t.test_cmd.endswith("pytest --continue-on-collection-errors -n0 -rA tests/test_slug.py")
     assert t.prelude.endswith("LANG=C.UTF-8 LC_ALL=C.UTF-8 pip install -e .")
     assert t.install_config["python"] == "3.11" and "pre_install" not in t.install_config, "nulls dropped"
@@ -115,7 +121,7 @@ def test_v2_rows_run_their_commands_as_given() -> None:
     assert t.row["workdir"] == "/widgets", "V2 images check out at /<repository name>"
     assert t.pass_to_pass == ["tests/test_w.py::test_resize"], "a Python-literal string"
     assert t.test_cmd == "{ export WIDGETS_TEST=1\n} && { pytest -rA tests/test_w.py\n}"
-    assert t.sandbox_config(None) == {
+    assert as_written(t.sandbox_config(None)) == {
         "type": "container",
         "image": "docker.io/swerebenchv2/octo-widgets:7-0000000",
         "workdir": "/widgets",

@@ -155,7 +155,7 @@ def test_a_local_config_composes_in_verl_with_every_value_converted(mode: str, t
     assert c.trainer.save_freq == 12 and c.trainer.total_epochs == 12
     assert c.uniagent.agent.max_turns == 4 and c.uniagent.agent.context.keep_turns == 3
     assert c.uniagent.agent.context.policy == "none" and c.uniagent.agent.max_context_tokens is None
-    assert c.uniagent.max_tokens_per_turn == 48 and c.uniagent.sandbox.type == "local"
+    assert c.uniagent.model.max_tokens == 48 and c.uniagent.sandbox.type == "local"
     assert c.data.train_files == c.data.val_files == "data/verl/starter/train.parquet"
     if mode == "sync":
         from verl.trainer.main_ppo import need_critic, need_reference_policy

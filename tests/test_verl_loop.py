@@ -336,7 +336,7 @@ def test_scripted_starter_episodes_through_verls_worker(base_config, tokenizer, 
 def test_real_smollm2_episode_logprobs_are_the_engines(base_config, tokenizer, data_dir, smol_engine) -> None:
     """The real model through the whole path: lengths, mask and logprobs match what it generated."""
     server = EngineServer(smol_engine)
-    config = make_config(base_config, uniagent={"agent": {"max_turns": 1}, "max_tokens_per_turn": 10})
+    config = make_config(base_config, uniagent={"agent": {"max_turns": 1}, "model": {"max_tokens": 10}})
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
     nt = out.non_tensor_batch
@@ -355,7 +355,7 @@ def test_aborted_turn_is_resumed_and_stitched(base_config, tokenizer, data_dir, 
     """Partial rollout: the first turn is aborted after 5 tokens (weights synced), then resumed on the
     same request; the trajectory holds one model span with both halves' tokens and logprobs."""
     server = EngineServer(smol_engine, abort_first_after=5)
-    config = make_config(base_config, uniagent={"agent": {"max_turns": 1}, "max_tokens_per_turn": 14})
+    config = make_config(base_config, uniagent={"agent": {"max_turns": 1}, "model": {"max_tokens": 14}})
     worker = make_worker(config, server, tokenizer)
     out = run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD]))
     nt = out.non_tensor_batch
@@ -493,7 +493,7 @@ def test_agent_loop_yaml_is_what_verl_instantiates(base_config, tokenizer) -> No
         cfg = loop.agent_config()
         assert cfg.max_turns == 7, "the trainer config's uniagent: section overrides the YAML"
         assert cfg.max_context_tokens == 2048 + 4096
-        assert loop.settings.sandbox["type"] == ("local" if entry.name == "uniagent" else "container")
+        assert loop.settings.sandbox.type == ("local" if entry.name == "uniagent" else "container")
 
 
 @pytest.mark.parametrize(
@@ -502,8 +502,12 @@ def test_agent_loop_yaml_is_what_verl_instantiates(base_config, tokenizer) -> No
         ({"sandbox": {"netwrok": True}}, "netwrok"),  # a misspelt sandbox key
         ({"agent": {"max_turns": 0}}, "agent.max_turns"),  # a bad agent value
         ({"agent": {"max_trns": 5}}, "max_trns"),
-        ({"parser": "hermez"}, "hermez"),
+        ({"model": {"parser": "hermez"}}, "hermez"),
         ({"max_infra_failure_share": 1.5}, "max_infra_failure_share"),
+        ({"parser": "hermes"}, "parser is now model.parser"),  # keys that moved name their new place
+        ({"max_tokens_per_turn": 40}, "max_tokens_per_turn is now model.max_tokens"),
+        ({"agent_kind": "react"}, "agent_kind is now agent.kind"),
+        ({"model": {"temperature": 0.5}}, "model.temperature does not apply"),  # verl samples itself
     ],
 )
 def test_bad_settings_fail_before_any_episode(
@@ -588,6 +592,7 @@ def test_verl_command_checks_uniagent_settings() -> None:
         (["+uniagent.sandbox.netwrok=true"], "netwrok"),
         (["+uniagent.agent.max_turns=0"], "agent.max_turns"),
         (["++uniagent.agnet.max_turns=3"], "agnet"),
+        (["+uniagent.max_tokens_per_turn=40"], "max_tokens_per_turn is now model.max_tokens"),
     ]
     for overrides, named in bad:
         for args in (

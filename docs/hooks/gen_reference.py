@@ -187,6 +187,8 @@ def _model_section(
     fields: dict[str, FieldInfo] | None = None,
 ) -> None:
     """One table for `cls`'s plain fields, then a subsection per nested model (or sandbox)."""
+    from uniagent.sandbox.config import SandboxConfig, as_written
+
     if prefix:  # the root's own heading is its title
         out.append(f"{'#' * level} `{prefix}` {{#{_anchor(root, prefix)}}}\n")
     doc = _doc(cls)
@@ -197,18 +199,19 @@ def _model_section(
     for name, field in (fields or cls.model_fields).items():
         key = f"{prefix}.{name}" if prefix else name
         sub = _sub_model(field.annotation)
-        if sub is not None:
-            value = getattr(instance, name) if instance is not None else _instance(field)
-            nested.append((key, sub, value))
-            rows.append(f"| `{key}` | section | | see [`{key}`](#{_anchor(root, key)}) |")
-        elif name == "sandbox" and field.annotation == dict[str, Any]:
+        if name == "sandbox" and sub is not None and issubclass(sub, SandboxConfig):  # a typed section
             where = _SANDBOX_DOCUMENTED.setdefault(key, _anchor(root, key))
             if where == _anchor(root, key):
                 nested.append((key, None, None))
+            default = as_written(field.get_default(call_default_factory=True))
             rows.append(
-                f"| `{key}` | mapping | {_default(field)} | the sandbox backend and its settings; "
+                f"| `{key}` | mapping | `{_value(default)}` | the sandbox backend and its settings; "
                 f"see [`{key}`](#{where}) |"
             )
+        elif sub is not None:
+            value = getattr(instance, name) if instance is not None else _instance(field)
+            nested.append((key, sub, value))
+            rows.append(f"| `{key}` | section | | see [`{key}`](#{_anchor(root, key)}) |")
         else:
             rows.append(_row(key, field, instance))
     out.append("| key | type | default | description |\n|---|---|---|---|")
@@ -241,7 +244,7 @@ def _anchor(root: str, key: str) -> str:
 def _sandbox_section(root: str, key: str, level: int, out: list[str]) -> None:
     """The `sandbox` mapping: a table per backend `type` (its own keys first), then the
     limits every backend shares."""
-    from uniagent.sandbox.config import Limits, SandboxConfig
+    from uniagent.sandbox.settings import Limits, SandboxConfig
 
     out.append(f"{'#' * level} `{key}` {{#{_anchor(root, key)}}}\n")
     backends = _sandbox_backends()

@@ -141,6 +141,7 @@ def verify(
     from rich.progress import Progress
 
     from uniagent.config import set_dotted
+    from uniagent.sandbox.config import parse_config
     from uniagent.tasks import load_tasks
     from uniagent.tasks.swe import SweTask
     from uniagent.tasks.verify import load_predictions
@@ -158,12 +159,13 @@ def verify(
         if not sep or not key.startswith("sandbox."):
             raise UniAgentError(f"--set {item}: verify takes sandbox.KEY=VALUE")
         set_dotted(settings, key, raw)
+    sandbox_cfg = parse_config(settings["sandbox"])  # once: every task completes this one
     preds = load_predictions(predictions) if predictions is not None else None
     total = len(preds) if preds is not None else len(swe)
     with Progress(console=console, transient=True) as bar:
         job = bar.add_task("grading", total=total)
         report = asyncio.run(
-            run_verify(swe, preds, output, concurrency, settings["sandbox"], lambda r: bar.advance(job))
+            run_verify(swe, preds, output, concurrency, sandbox_cfg, lambda r: bar.advance(job))
         )
     table = Table(title=f"verify: {tasks}")
     for key in ("submitted_instances", "resolved_instances", "unresolved_instances", "error_instances"):
@@ -208,7 +210,7 @@ def run(
         "runner.output": str(output) if output else None,
         "runner.resume": True if resume else None,
         "runner.backend": backend,
-        "agent_kind": agent,
+        "agent.kind": agent,
         "runner.ray_address": ray_address,
     }
     cfg = build_config(config, set_, flags)

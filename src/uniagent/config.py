@@ -6,6 +6,10 @@ at the bottom of the layers (it imports nothing of the project but `errors`): a 
 needs checking against a registry (the sandbox section) carries its own validator in its type
 (`uniagent.sandbox.config.SandboxSection`), and a `ConfigError` such a validator raises comes out
 of `validate_config` with the same `config ` prefix as pydantic's own errors.
+
+A key that moved is one line of `RENAMED`, by the settings model's class name: an old key in the
+data is a one-line `ConfigError` naming the new key, checked before validation (so the error is
+the move, not pydantic's "extra inputs are not permitted").
 """
 
 from __future__ import annotations
@@ -19,6 +23,35 @@ from pydantic import BaseModel, ValidationError
 from uniagent.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+_AGENT_KEYS = {
+    "agent_kind": "agent.kind",
+    "agent.max_tokens_per_turn": "model.max_tokens",  # the per-turn cap has one name
+}
+RENAMED: dict[str, dict[str, str]] = {
+    "RunConfig": _AGENT_KEYS,
+    "TrainConfig": _AGENT_KEYS,
+    "UniAgentLoopSettings": {
+        **_AGENT_KEYS,
+        "max_tokens_per_turn": "model.max_tokens",
+        "parser": "model.parser",
+        "native_tools": "model.template_tools",
+    },
+}
+"""Old dotted key -> its new dotted key, per settings model (by class name: this module sits below
+every settings model and imports none of them)."""
+
+
+def check_renamed(model: type[BaseModel], data: dict[str, Any]) -> None:
+    """A `ConfigError` for the first key of `data` that `RENAMED` lists for `model`."""
+    for old, new in RENAMED.get(model.__name__, {}).items():
+        node: Any = data
+        for part in old.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            raise ConfigError(f"{old} is now {new}: set {new} instead")
 
 
 def first_error(exc: ValidationError, skip: int = 0, where: str = "") -> str:
@@ -71,8 +104,10 @@ def load_config_data(
 
 
 def validate_config(model: type[M], data: dict[str, Any]) -> M:
-    """`data` as `model`; the first error becomes one `ConfigError` line naming the key."""
+    """`data` as `model`; the first error becomes one `ConfigError` line naming the key (a key that
+    moved names its new key)."""
     try:
+        check_renamed(model, data)
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"config {first_error(exc)}") from None

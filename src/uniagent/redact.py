@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from uniagent.tokens.trajectory import Trajectory, TurnSpan
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
@@ -49,6 +51,8 @@ def env_secrets(env: dict[str, str]) -> set[str]:
 def setting_secrets(settings: Any) -> list[str]:
     """String values under secret-looking names anywhere in a settings tree: a sandbox config's
     `auth_token`, its `env: {GITHUB_TOKEN: ...}`, a nested `inner` sandbox's."""
+    if isinstance(settings, BaseModel):  # a typed section: what the user set
+        settings = settings.model_dump(exclude_unset=True)
     if isinstance(settings, dict):
         found = []
         for key, value in settings.items():

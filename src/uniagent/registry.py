@@ -124,15 +124,24 @@ class Registry(MutableMapping[str, Entry]):
         entry = self.entry(name)
         if not isinstance(entry.target, str):
             return entry.target
+        return self.resolve(name, entry.target)
+
+    def resolve(self, name: str, ref: str) -> Any:
+        """Import `ref` (`"module:attr"`) on behalf of entry `name` with `load`'s error mapping: a
+        module not in this installation, or an optional dependency that is not installed, is the
+        table's error naming `name` (with the entry's install hint). For an entry that names more
+        than one object (a sandbox backend's class and its config class)."""
+        entry = self._entries.get(self.key(name))
         try:
-            return resolve(entry.target, self.default_attr)
+            return resolve(ref, self.default_attr)
         except ModuleNotFoundError as exc:
             missing = exc.name or ""
-            if entry.module == missing or entry.module.startswith(missing + "."):
+            module = ref.partition(":")[0]
+            if module == missing or module.startswith(missing + "."):
                 raise self.error(
-                    f"{self.what} {name!r} is registered as {entry.module}, which is not in this installation"
+                    f"{self.what} {name!r} is registered as {module}, which is not in this installation"
                 ) from None
-            hint = entry.install or f"pip install {missing}"
+            hint = (entry.install if entry else None) or f"pip install {missing}"
             raise self.error(
                 f"{self.what} {name!r} needs the Python package {missing!r}: install it ({hint})"
             ) from None

@@ -10,7 +10,7 @@ is only `run`: the ReAct loop (`react`), a black-box harness talking to a gatewa
 
 An agent may need resources that outlive one episode (a harness's gateway serves every episode of
 a run): `start(engine, codec)` builds them before the first episode, `close()` releases them after
-the last; `uniagent.agent.registry.open_agent` does both around a block. The engine and codec are
+the last; `open_agent` below does both around a block. The engine and codec are
 the run's (`None` for a text-only model): an agent that cannot work without them says so in
 `start` with a `ConfigError`. `AgentBase` holds the contract's defaults (no resources, the
 task's sandbox unchanged), so an agent writes only what it changes.
@@ -21,13 +21,17 @@ This layer sits below `tasks`, so an agent sees a task through `TaskView`, the f
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from uniagent.agent.config import AgentConfig
+from uniagent.agent.registry import AGENTS, split_kind
 from uniagent.agent.result import EpisodeResult
 from uniagent.models.base import ChatModel, TokenEngine
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.settings import SandboxConfig
 from uniagent.tokens import ChatCodec
 from uniagent.tools.base import Tool
 
@@ -74,7 +78,7 @@ class Agent(Protocol):
 
     async def close(self) -> None: ...
 
-    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]: ...
+    def prepare_sandbox(self, config: SandboxConfig) -> SandboxConfig: ...
 
     async def run(self, episode: Episode) -> EpisodeResult: ...
 
@@ -92,5 +96,26 @@ class AgentBase:
     async def close(self) -> None:
         return None
 
-    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
+    def prepare_sandbox(self, config: SandboxConfig) -> SandboxConfig:
         return config
+
+
+def create_agent(kind: str) -> Agent:
+    """An unstarted agent of `kind` (`react`, `mini-swe-agent[:CONFIG]`, ...)."""
+    name, arg = split_kind(kind)
+    agent: Agent = AGENTS.load(name)(arg)
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def open_agent(
+    kind: str | Agent, engine: TokenEngine | None = None, codec: ChatCodec | None = None
+) -> AsyncIterator[Agent]:
+    """An agent of `kind` (or the agent object itself), started over the run's engine and codec
+    for the block and closed after it, however it ends."""
+    agent = create_agent(kind) if isinstance(kind, str) else kind
+    await agent.start(engine, codec)
+    try:
+        yield agent
+    finally:
+        await agent.close()

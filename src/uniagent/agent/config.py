@@ -1,4 +1,8 @@
-"""Budgets of one episode. Every limit ends the episode with its own exit reason."""
+"""The `agent:` section: who acts (`kind`) and the budgets of one episode. Every limit ends the
+episode with its own exit reason.
+
+The per-turn token cap is the model's (`model.max_tokens`, the model's sampling); the agent's
+budgets are counted in turns, context tokens and seconds."""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from uniagent.agent.context.registry import POLICIES
+from uniagent.agent.registry import AgentKind
+from uniagent.errors import ConfigError
 from uniagent.tools.base import DEFAULT_COMMAND_TIMEOUT_S
 
 
@@ -42,11 +49,8 @@ class ContextConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from uniagent.agent.context.registry import policy_class
-        from uniagent.errors import ConfigError
-
         try:
-            policy_class(name)
+            POLICIES.entry(name)  # the name only: the policy's module is imported when it is built
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return name
@@ -55,11 +59,15 @@ class ContextConfig(BaseModel):
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    kind: AgentKind = Field(
+        "react",
+        description="who acts, a kind of the agent registry (uniagent.agent.registry.AGENTS): react (our "
+        "loop) | mini-swe-agent[:CONFIG] | claude-code | codex (black-box harnesses through the gateway)",
+    )
     max_turns: int = Field(30, ge=1, description="model turns before the episode ends with max_turns")
     max_context_tokens: int | None = Field(
         None, ge=64, description="prompt + history tokens; reaching it ends with context_limit"
     )
-    max_tokens_per_turn: int | None = Field(None, ge=1, description="cap on one model turn")
     wall_time_s: float | None = Field(None, gt=0, description="whole-episode limit (timeout_budget)")
     command_timeout_s: float = Field(
         DEFAULT_COMMAND_TIMEOUT_S,

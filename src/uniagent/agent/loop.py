@@ -231,12 +231,11 @@ class AgentInteraction:
             metrics["model_s"] += time.perf_counter() - t0
 
     def _turn_cap(self) -> int | None:
-        """This turn's max_tokens: the per-turn cap, within what the context cap leaves."""
-        cap = self.config.max_tokens_per_turn
+        """This turn's max_tokens: what the context cap leaves (the per-turn cap is the model's own
+        sampling, `model.max_tokens`)."""
         if self.config.max_context_tokens:
-            room = max(1, self.config.max_context_tokens - self._context_now())
-            cap = room if cap is None else min(cap, room)
-        return cap
+            return max(1, self.config.max_context_tokens - self._context_now())
+        return None
 
     async def _run_tool(
         self, name: str, arguments: dict[str, Any], sandbox: Sandbox, metrics: dict[str, Any]

@@ -7,21 +7,20 @@ above this one, which a string may do and an import may not), with its `--agent`
 harness that needs a tool of its own, its doctor check. A kind is `NAME` or `NAME:ARGUMENT`
 (`mini-swe-agent:swebench.yaml`); the class is built as `Class(ARGUMENT or None)` and implements
 the `Agent` protocol (agent/base.py). Adding an agent is one module plus one line below.
+
+It imports nothing of `agent`, so `agent.config` types its `kind` with `AgentKind` (checked when a
+config is built) and `agent.base`, which builds and opens agents (`create_agent`, `open_agent`),
+imports both.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from uniagent.agent.base import Agent
 from uniagent.errors import ConfigError
-from uniagent.models.base import TokenEngine
 from uniagent.registry import Entry, Registry
-from uniagent.tokens import ChatCodec
 
 # One line per agent kind.
 AGENTS = Registry(
@@ -52,27 +51,6 @@ def split_kind(kind: str) -> tuple[str, str | None]:
     if name not in AGENTS:
         raise AGENTS.unknown(name, f"{', '.join(AGENTS)} (NAME or NAME:ARGUMENT)")
     return name, arg or None
-
-
-def create_agent(kind: str) -> Agent:
-    """An unstarted agent of `kind` (`react`, `mini-swe-agent[:CONFIG]`, ...)."""
-    name, arg = split_kind(kind)
-    agent: Agent = AGENTS.load(name)(arg)
-    return agent
-
-
-@contextlib.asynccontextmanager
-async def open_agent(
-    kind: str | Agent, engine: TokenEngine | None = None, codec: ChatCodec | None = None
-) -> AsyncIterator[Agent]:
-    """An agent of `kind` (or the agent object itself), started over the run's engine and codec
-    for the block and closed after it, however it ends."""
-    agent = create_agent(kind) if isinstance(kind, str) else kind
-    await agent.start(engine, codec)
-    try:
-        yield agent
-    finally:
-        await agent.close()
 
 
 def _check_kind(kind: Any) -> Any:

@@ -50,6 +50,7 @@ from uniagent.gateway.server import InProcessServer
 from uniagent.gateway.sessions import Session
 from uniagent.harness.session import NEEDS_TOKENS, attach_segments, finish_session, open_session
 from uniagent.models.base import TokenEngine
+from uniagent.sandbox.config import SandboxConfig, type_of
 from uniagent.sandbox.procs import quote
 from uniagent.tasks.episode import failed_result
 from uniagent.tokens import ChatCodec
@@ -215,18 +216,18 @@ class CliAgent(AgentBase):
         self.gateway = None
 
     # -- the sandbox: the Agent hook run_episode calls before the sandbox starts -------------
-    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
+    def prepare_sandbox(self, config: SandboxConfig) -> SandboxConfig:
         """The run's sandbox plus the CLI install and a fresh session dir, both read-only."""
         if self.root is None or self.install is None:
             raise RuntimeError(f"{type(self).__name__}.prepare_sandbox before start()")
-        if config.get("type", "local") != "local":
+        if type_of(config) != "local":
             raise ConfigError(
                 f"agent kind {self.name!r} runs its CLI inside a local (bubblewrap) sandbox; "
-                f"this task's sandbox is {config.get('type')!r}"
+                f"this task's sandbox is {type_of(config)!r}"
             )
         session_dir = Path(tempfile.mkdtemp(dir=self.root))
-        binds = [*config.get("ro_binds", []), str(self.install), str(session_dir)]
-        return {**config, "ro_binds": binds}
+        binds = [*getattr(config, "ro_binds", []), str(self.install), str(session_dir)]
+        return config.model_copy(update={"ro_binds": binds})
 
     def _session_dir(self, episode: Episode) -> Path | None:
         binds = getattr(episode.sandbox.config, "ro_binds", None) or []

@@ -41,16 +41,12 @@ def open_session(
     gateway: Gateway, spec: SessionSpec, agent: AgentConfig, task: TaskView, kind: str
 ) -> Session:
     """The episode's gateway session from what its model offers (`ChatModel.session_spec()`):
-    the model's sampling (trusted, capped per turn), parser and request id, the context cap.
-    Every harness agent (mini-swe-agent, the CLIs) opens one."""
-    sampling = spec.sampling
-    if agent.max_tokens_per_turn:
-        sampling = sampling.model_copy(
-            update={"max_tokens": min(sampling.max_tokens, agent.max_tokens_per_turn)}
-        )
+    the model's sampling (trusted; its `max_tokens` is the per-turn cap, `model.max_tokens`),
+    parser and request id, the context cap. Every harness agent (mini-swe-agent, the CLIs) opens
+    one."""
     return gateway.sessions.create(
         SessionConfig(
-            sampling=sampling,
+            sampling=spec.sampling,
             max_context_tokens=agent.max_context_tokens,
             parser=spec.parser,
             request_id=spec.request_id,

@@ -1,7 +1,13 @@
-"""`ModelConfig`: the `model:` section of a run (and of the gateway, doctor and verify).
+"""`ModelConfig`: the one `model:` section, shared by `uniagent run` (and the gateway, doctor and
+verify), `uniagent train` and the verl agent loop (`uniagent.model`).
 
 It lives in `models/` beside the engine registry that reads it, so an engine module can take its
-settings from it without importing the runner. `uniagent.runner.config` re-exports it.
+settings from it without importing the runner. It checks a spec against the registry's table
+(imported at the top: the registry names this class only in annotations).
+
+Each user keeps its own defaults (`TrainConfig` samples at temperature 1.0) and checks what it
+cannot apply (train: the spec must be weights it loads; verl: the spec, the engine and the batch
+are verl's own). A field that applies only to some of them says so in its description.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from uniagent.models.registry import engine_kind, split_spec
 from uniagent.models.remote.config import RemoteConfig
+from uniagent.parsers.registry import known_parser
 
 
 class ModelConfig(BaseModel):
@@ -23,11 +31,18 @@ class ModelConfig(BaseModel):
         "vllm:URL[,URL...] | sglang:URL[,URL...] | llamacpp:URL[,URL...]",
     )
     name: str | None = Field(None, description="model name sent to an OpenAI-compatible endpoint")
-    parser: str = Field("hermes", description="tool-call format the model writes")
+    parser: str = Field("hermes", description="tool-call format the model writes (uniagent.parsers.PARSERS)")
     tool_format: Literal["text", "native"] = Field(
         "text",
         description="openai:URL: text (tools in the prompt, calls parsed from the text with `parser`) "
         "| native (the endpoint's `tools` and `tool_calls`)",
+    )
+    template_tools: bool | None = Field(
+        None,
+        description="token-level models: the chat template renders the tool list and the model's tool "
+        "calls (true) or the tools go into the prompt as the parser's instructions (false); None: "
+        "true when the template can render tool calls. Either way the calls are parsed from the text "
+        "with `parser`",
     )
     history: Literal["exact", "template"] = Field(
         "exact",
@@ -38,7 +53,12 @@ class ModelConfig(BaseModel):
     )
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(512, ge=1, description="tokens per model turn")
+    max_tokens: int = Field(
+        512,
+        ge=1,
+        description="tokens per model turn, the one per-turn cap (the context cap, agent.max_context_tokens, "
+        "may leave a turn less); verl: unset means rollout.response_length",
+    )
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
     tokenizer: str | None = Field(
         None,
@@ -60,7 +80,12 @@ class ModelConfig(BaseModel):
         description="local engine: the most of the memory budget keys/values kept between an episode's "
         "turns may hold; running work evicts them first (None: a quarter of the budget; 0: off)",
     )
-    device: str = "cpu"
+    device: str = Field("cpu", description="local engine and the local trainer: the torch device")
+    dtype: str = Field(
+        "float32",
+        description="engines that load weights here (local) and the trainers (uniagent train, local and "
+        "verl's FSDP actor): the parameter dtype (float32 | bfloat16 | float16) for rollouts and training",
+    )
     max_retries: int = Field(3, ge=0, description="endpoint: retries per request")
     timeout_s: float = Field(300.0, gt=0, description="endpoint: per-request timeout")
     remote: RemoteConfig = RemoteConfig()  # vllm/sglang/llamacpp: health checks, connections, retry backoff
@@ -70,17 +95,18 @@ class ModelConfig(BaseModel):
     def _registered_kind(cls, spec: str) -> str:
         """A kind the registry does not know fails here, before a run creates anything (the
         kind's module is imported only when the model is built)."""
-        from uniagent.models.registry import split_spec
-
         split_spec(spec)
         return spec
+
+    @field_validator("parser")
+    @classmethod
+    def _parser(cls, name: str) -> str:
+        return known_parser(name)
 
     @model_validator(mode="after")
     def _native_needs_endpoint(self) -> ModelConfig:
         if self.tool_format != "native":
             return self
-        from uniagent.models.registry import engine_kind
-
         kind, _ = engine_kind(self.spec)
         if kind.token_level:
             raise ValueError(

@@ -57,16 +57,14 @@ GIVEN = EngineKind("given", "an engine built by the caller", token_level=True, b
 class ModelFactory:
     """Parses the spec at construction (a bad spec is a `ConfigError` before anything starts);
     `start` builds the engine and, for token-level kinds, the `ChatCodec` of its tokenizer.
+    Everything a model is made with comes from the one `ModelConfig` (`template_tools`: show
+    tools natively, None: when the template renders tool calls)."""
 
-    `native_tools` (token level): show tools natively (None: when the template renders tool
-    calls, `TokenChatModel`'s default)."""
-
-    def __init__(self, config: ModelConfig, *, native_tools: bool | None = None) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.kind, self.arg = engine_kind(config.spec)
         self.engine: Any = None  # a TokenEngine (token level) or the kind's TextModels (text level)
         self.codec: Any = None  # token level only
-        self.native_tools = native_tools
         self.owns_engine = True
 
     @classmethod
@@ -75,13 +73,11 @@ class ModelFactory:
         engine: TokenEngine,
         codec: ChatCodec,
         config: ModelConfig | None = None,
-        *,
-        native_tools: bool | None = None,
     ) -> ModelFactory:
         """A started factory over a token engine its caller built and owns (the local trainer's
         policy engine, verl's server manager): `config` gives the sampling, parser and history
         (its `spec` is not read); `close` leaves the engine to its owner."""
-        factory = cls(ModelConfig() if config is None else config, native_tools=native_tools)
+        factory = cls(ModelConfig() if config is None else config)
         factory.kind, factory.arg = GIVEN, ""
         factory.engine, factory.codec = engine, codec
         factory.owns_engine = False
@@ -163,7 +159,7 @@ class ModelFactory:
             get_parser(self.config.parser),
             self.sampling_params(**{"seed": derived, **(sampling or {})}),
             request_id=rid,
-            native_tools=self.native_tools,
+            native_tools=self.config.template_tools,
             follow_template=self.config.history == "template",
         )
 

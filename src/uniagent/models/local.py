@@ -523,6 +523,7 @@ async def _build(arg: str, config: ModelConfig) -> LocalEngine:
         arg or None,
         max_batch_size=config.max_batch_size,
         device=config.device,
+        dtype=config.dtype,
         prefix_cache_bytes=config.prefix_cache_bytes,
         memory_budget_bytes=config.memory_budget_bytes,
     )

@@ -13,10 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.registry import AgentKind
 from uniagent.config import build
 from uniagent.models.config import ModelConfig
-from uniagent.sandbox.config import SandboxSection
+from uniagent.sandbox.config import SandboxSection, default_section
 
 
 class TasksConfig(BaseModel):
@@ -62,15 +61,10 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: ModelConfig = Field(default_factory=ModelConfig)
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=default_section)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
-    agent_kind: AgentKind = Field(
-        "react",
-        description="who acts, a kind of the agent registry: react (our loop) | "
-        "mini-swe-agent[:CONFIG] (a black-box harness through the gateway)",
-    )
 
 
 def build_config(

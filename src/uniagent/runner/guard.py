@@ -16,6 +16,7 @@ from typing import Any
 
 from uniagent.agent.result import ExitReason
 from uniagent.errors import PreflightError, UniAgentError
+from uniagent.sandbox.config import SandboxConfig
 
 SANDBOX_CHECK_S = 180.0  # a first start may build or pull an image: generous, still bounded
 
@@ -24,19 +25,20 @@ def first_line(text: str, limit: int = 300) -> str:
     return (text.strip().splitlines() or [""])[0][:limit]
 
 
-async def preflight(factory: Any, sandbox_cfg: dict[str, Any]) -> None:
+async def preflight(factory: Any, sandbox_cfg: SandboxConfig) -> None:
     """Raise `PreflightError` unless the (started) model factory answers and a sandbox runs a command.
 
     `sandbox_cfg` is the first pending task's sandbox, so a row's image backend is what is checked.
     """
     from uniagent import sandbox as sandboxes
     from uniagent.sandbox.base import probe
+    from uniagent.sandbox.config import type_of
 
     try:
         await factory.check()
     except UniAgentError as exc:
         raise PreflightError(f"preflight: the model does not work: {first_line(str(exc))}") from None
-    kind = sandbox_cfg.get("type", "local")
+    kind = type_of(sandbox_cfg)
     try:
         sb = sandboxes.create(sandbox_cfg)
     except UniAgentError as exc:

@@ -18,6 +18,7 @@ from rich.table import Table
 from uniagent.runner.config import RunConfig
 from uniagent.runner.run import Progress as RunProgress
 from uniagent.runner.run import Runner
+from uniagent.sandbox.config import type_of
 
 
 def _line(p: RunProgress) -> str:
@@ -86,7 +87,7 @@ def run_with_progress(cfg: RunConfig, console: Console, resume_command: str | No
     signal stops it (the CLI's invocation plus --resume)."""
     console.print(
         f"[bold]uniagent run[/] tasks={cfg.tasks.spec} model={cfg.model.spec} "
-        f"sandbox={cfg.sandbox.get('type', 'local')} concurrency={cfg.runner.concurrency} "
+        f"sandbox={type_of(cfg.sandbox)} concurrency={cfg.runner.concurrency} "
         f"samples={cfg.runner.samples} -> {cfg.runner.output}",
         soft_wrap=True,  # one line in a log, whatever the width
     )

@@ -24,6 +24,7 @@ from uniagent.errors import PreflightError
 from uniagent.runner.config import RunConfig
 from uniagent.runner.worker import EpisodeWorker
 from uniagent.sandbox import procs
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class EpisodeActor:
         task = family_class(family).from_row(row, source)
         return (await self.worker.run(task, sample)).to_dict()
 
-    async def preflight(self, sandbox_cfg: dict[str, Any]) -> str | None:
+    async def preflight(self, sandbox_cfg: SandboxConfig) -> str | None:
         """The run's preflight where the episodes run; the error's message, or None when all works."""
         from uniagent.errors import UniAgentError
 

@@ -31,6 +31,7 @@ from uniagent.runner.redact import run_redactor
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.runner.summary import export
 from uniagent.runner.worker import EpisodeWorker
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 
@@ -270,19 +271,17 @@ async def gather_all(coros: list[Coroutine[Any, Any, None]]) -> None:
         raise
 
 
-def check_sandbox_configs(tasks: list[Task], base: dict[str, Any]) -> None:
+def check_sandbox_configs(tasks: list[Task], base: SandboxConfig) -> None:
     """Every pending task's sandbox (a row's image on the run's settings) is valid before the
     first episode: a setting an image row's backend cannot honour is one error at start, not
     an `internal_error` per episode."""
-    from uniagent.sandbox.config import parse_config
-
     seen: set[str] = set()
     for task in tasks:
         if task.instance_id in seen:
             continue
         seen.add(task.instance_id)
         try:
-            parse_config(task.sandbox_config(base))
+            task.sandbox_config(base)
         except ConfigError as exc:
             msg = str(exc)
             raise ConfigError(msg if task.instance_id in msg else f"{task.instance_id}: {msg}") from None

@@ -11,12 +11,12 @@ factory's engine (a harness agent's gateway serves every episode of the worker),
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from uniagent.agent.base import Agent
+from uniagent.agent.base import Agent, create_agent
 from uniagent.agent.result import EpisodeResult
 from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.base import Task
 
 
@@ -47,14 +47,12 @@ class EpisodeWorker:
         factory = await self.start_model()
         async with self._lock:
             if self.agent is None:
-                from uniagent.agent.registry import create_agent
-
-                agent = create_agent(self.config.agent_kind)
+                agent = create_agent(self.config.agent.kind)
                 await agent.start(factory.engine, factory.codec)
                 self.agent = agent
         return self.agent
 
-    async def preflight(self, sandbox_cfg: dict[str, Any]) -> None:
+    async def preflight(self, sandbox_cfg: SandboxConfig) -> None:
         """The run's preflight (`runner.guard.preflight`: the model answers, a sandbox of
         `sandbox_cfg` runs a command), then the agent starts (a harness agent over a model it
         cannot serve fails here). Raises `PreflightError` / the agent's `UniAgentError`."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from uniagent.sandbox.base import Sandbox, Session
-from uniagent.sandbox.config import Limits, SandboxConfig, parse_config
+from uniagent.sandbox.config import create, parse_config
 from uniagent.sandbox.pipe import PipeShellSandbox
-from uniagent.sandbox.registry import BACKENDS, create
+from uniagent.sandbox.registry import BACKENDS
+from uniagent.sandbox.settings import Limits, SandboxConfig
 from uniagent.sandbox.shell import ExecResult, ShellSession
 
 _CONFIGS = {

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from uniagent.errors import SandboxError, SandboxStartError
 from uniagent.sandbox import procs
-from uniagent.sandbox.container import ContainerConfig, ContainerSandbox
+from uniagent.sandbox.container_base import ContainerConfig, ContainerSandbox
 
 
 class ApptainerSandbox(ContainerSandbox):
     """An apptainer instance (built by `ContainerSandbox(config)` for `runtime: apptainer`)."""
+
+    runtimes = ("apptainer",)
 
     def __init__(self, config: ContainerConfig) -> None:
         super().__init__(config)

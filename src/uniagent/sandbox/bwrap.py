@@ -1,8 +1,9 @@
 """How the local sandbox's processes are launched: bubblewrap's command line and environment,
 and the launcher that puts each new process into the sandbox's cgroups, rlimits and nice level.
 
-Pure construction from the LocalConfig and the sandbox's paths (no processes started here): the
-lifecycle, sessions and files are LocalSandbox's (sandbox/local.py).
+Pure construction from the LocalConfig (defined here, the settings of what bubblewrap builds; the
+backend module, sandbox/local.py, takes it from here) and the sandbox's paths (no processes started
+here): the lifecycle, sessions and files are LocalSandbox's.
 """
 
 from __future__ import annotations
@@ -14,14 +15,36 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal
+
+from pydantic import Field
 
 from uniagent.sandbox.cgroups import SandboxCgroup
-from uniagent.sandbox.config import Limits
 from uniagent.sandbox.procs import quote
+from uniagent.sandbox.settings import Limits, SandboxConfig
 
-if TYPE_CHECKING:
-    from uniagent.sandbox.local import LocalConfig  # the backend module, which imports this one
+
+class LocalConfig(SandboxConfig):
+    """bubblewrap: host system read-only, a private writable workspace, no network by default."""
+
+    type: Literal["local"] = "local"
+    rootfs: Path | None = Field(None, description="a root filesystem directory to use instead of the host's")
+    workspace: Path | None = Field(
+        None, description="host directory bound at `workdir`; a fresh temp dir when unset"
+    )
+    keep_workspace: bool = Field(False, description="keep a temp workspace after stop (debugging)")
+    network: bool = False
+    host_python: bool = Field(
+        True, description="expose uniagent's Python environment read-only and put it first on PATH"
+    )
+    ro_binds: list[str] = Field(
+        default_factory=list, description="extra host paths bound read-only at the same path"
+    )
+    env_allowlist: list[str] = Field(
+        default_factory=lambda: ["LANG", "LC_ALL", "TZ"],
+        description="host variables passed through; everything else is scrubbed",
+    )
+
 
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var")
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")

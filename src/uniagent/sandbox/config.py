@@ -1,6 +1,13 @@
-"""Where an episode's commands run: what every backend's config has (`SandboxConfig`), and
-parsing a config by its `type` into the config class of that backend (each backend's own lives in
-its module, found through the backend registry, sandbox/registry.py).
+"""Where an episode's commands run: parsing a sandbox config by its `type` into the config class
+of that backend (a `SandboxConfig`, sandbox/settings.py; each backend's own lives in its module,
+found through the backend registry, sandbox/registry.py), and `create`, which builds the backend's
+sandbox from it.
+
+A `sandbox:` section is parsed once, when its settings load (`SandboxSection`); from there on it
+is the backend's typed config: `Task.sandbox_config` completes it into another typed config (a
+row's image: `image_config`), and `sandbox.create` hands it to the backend as is. What the user
+set is the model's `model_fields_set`, so moving settings onto another backend (`retarget`) carries
+exactly those.
 
 Isolation is the default (`local`: bubblewrap, no network, writes only to its workspace);
 anything weaker is an explicit choice in the config.
@@ -8,39 +15,17 @@ anything weaker is an explicit choice in the config.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, PlainSerializer, ValidationError
 
 from uniagent.config import first_error
 from uniagent.errors import ConfigError
+from uniagent.sandbox.registry import backend
+from uniagent.sandbox.settings import SandboxConfig, type_of
 
-
-class Limits(BaseModel):
-    """Resource limits. `None` means no limit. Backends apply what they can and log the rest."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    memory_mb: int | None = Field(4096, ge=16)
-    pids: int | None = Field(512, ge=8)
-    cpu_time_s: int | None = Field(None, ge=1, description="CPU seconds per process (RLIMIT_CPU)")
-    file_size_mb: int | None = Field(1024, ge=1, description="largest file a process may write")
-    open_files: int | None = Field(1024, ge=16)
-    wall_clock_s: float | None = Field(None, gt=0, description="the sandbox is stopped this long after start")
-    cpus: float | None = Field(None, gt=0, description="CPU share (containers, cgroup cpu quota)")
-
-
-class SandboxConfig(BaseModel):
-    """What every backend's config has; each backend's own adds `type: Literal[NAME]` and more."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workdir: str = Field("/workspace", description="the agent's working directory inside the sandbox")
-    env: dict[str, str] = Field(default_factory=dict, description="set in every shell of the sandbox")
-    limits: Limits = Field(default_factory=Limits)
-    max_output_chars: int = Field(30_000, ge=200, description="observations are clipped to this")
-    start_timeout_s: float = Field(120.0, gt=0)
-    start_retries: int = Field(2, ge=0)
+if TYPE_CHECKING:
+    from uniagent.sandbox.base import Sandbox
 
 
 _CONSENTS = frozenset({"i_understand_there_is_no_isolation"})
@@ -55,8 +40,6 @@ def parse_config(config: Any) -> SandboxConfig:
     """A config object, or a dict like `{"type": "local", ...}` (no `type`: local); any type of
     the backend registry, validated by that backend's own config class (only its module is
     imported)."""
-    from uniagent.sandbox.registry import backend
-
     if isinstance(config, SandboxConfig):
         return config
     if config is None:
@@ -77,32 +60,35 @@ def parse_config(config: Any) -> SandboxConfig:
         raise ConfigError(f"sandbox.{first_error(exc, where='type')}") from None
 
 
-def _checked_section(section: dict[str, Any]) -> dict[str, Any]:
-    """A config's `sandbox:` section, checked against the backend registry (a `ConfigError`
-    naming the key) and kept as written: each task completes it for its own rows."""
-    parse_config(section)
-    return section
+def as_written(config: SandboxConfig) -> dict[str, Any]:
+    """A typed section as the user wrote it (the keys set, and its `type`), JSON-ready: what a run's
+    `config.yaml` shows and what a Ray actor re-parses into the same model (the same keys set, so
+    `retarget` still carries only the user's choices)."""
+    return {**config.model_dump(mode="json", exclude_unset=True), "type": type_of(config)}
 
 
-SandboxSection = Annotated[dict[str, Any], AfterValidator(_checked_section)]
-"""The type of every settings model's `sandbox` field (run, train, the verl agent loop)."""
+SandboxSection = Annotated[
+    SandboxConfig, BeforeValidator(lambda data: parse_config(data)), PlainSerializer(as_written)
+]
+"""The type of every settings model's `sandbox` field (run, train, the verl agent loop): parsed
+once, by `type`, into the backend's own config class (a `ConfigError` naming the key); dumped as
+written (`as_written`)."""
 
 
-def type_of(config: SandboxConfig) -> str:
-    """A config's backend `type` (each backend's config class declares its own)."""
-    return str(type(config).model_fields["type"].default)
+def default_section() -> SandboxConfig:
+    """A settings model's default `sandbox`: the local backend, nothing set."""
+    return parse_config(None)
 
 
 def _settings(config: Any) -> dict[str, Any]:
     """What the user set, as a dict with its `type`: a model's explicitly set fields only, so
-    that a default of one backend never counts as a choice to carry elsewhere."""
-    if isinstance(config, SandboxConfig):
-        return {**config.model_dump(exclude_unset=True), "type": type_of(config)}
-    parse_config(config)  # the user's own mistakes are named as such, before any move
-    return {"type": "local", **(config or {})}
+    that a default of one backend never counts as a choice to carry elsewhere (a dict is parsed
+    first: the user's own mistakes are named as such, before any move)."""
+    cfg = parse_config(config)
+    return {**cfg.model_dump(exclude_unset=True), "type": type_of(cfg)}
 
 
-def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
+def retarget(config: Any, type: str, **fields: Any) -> SandboxConfig:
     """The user's sandbox settings moved onto backend `type`, with `fields` on top.
 
     For a task whose environment dictates the backend (a row's image needs a container): every
@@ -110,8 +96,6 @@ def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
     `fields` are what the task dictates and win. A setting the target has no way to honour (a
     local `rootfs` on a container) is a ConfigError naming it, never silently dropped.
     """
-    from uniagent.sandbox.registry import backend
-
     target = backend(type).config_class()
     data = _settings(config)
     source = data.pop("type")
@@ -126,24 +110,21 @@ def retarget(config: Any, type: str, **fields: Any) -> dict[str, Any]:
                     f"the {source} setting `{key}`; remove it from the sandbox config (or run "
                     f"only tasks without an image)"
                 )
-    out = {**data, **fields, "type": type}
-    parse_config(out)
-    return out
+    return parse_config({**data, **fields, "type": type})
 
 
-def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
+def image_config(config: Any, image: str, workdir: str) -> SandboxConfig:
     """The sandbox for a task that must run in `image` with its project at `workdir`, keeping
     the user's settings (see `retarget`). Backends without images (local, host) become a
     container; container and modal keep their type; a SWE-ReX server uniagent starts runs in
     its `inner` container. A running SWE-ReX server has its own environment, so it cannot."""
-    from uniagent.sandbox.registry import backend
-
-    data = _settings(config)
-    kind = data["type"]
+    cfg = parse_config(config)
+    kind = type_of(cfg)
     if backend(kind).images:
-        return retarget(data, kind, image=image, workdir=workdir)
+        return retarget(cfg, kind, image=image, workdir=workdir)
     if kind != "swerex":
-        return retarget(data, "container", image=image, workdir=workdir)
+        return retarget(cfg, "container", image=image, workdir=workdir)
+    data = _settings(cfg)
     if data.get("url"):
         raise ConfigError(
             f"sandbox.url: this task runs in image {image}, but a running SWE-ReX server has its "
@@ -157,6 +138,12 @@ def image_config(config: Any, image: str, workdir: str) -> dict[str, Any]:
             "in the image only inside a container: set `inner: {type: container, network: true, "
             "run_args: [--network, host]}` (the image needs `swe-rex` installed)"
         )
-    return retarget(
-        data, "swerex", inner=retarget(inner, "container", image=image, workdir=workdir), workdir=workdir
-    )
+    inner_cfg = retarget(inner, "container", image=image, workdir=workdir)
+    return retarget(cfg, "swerex", inner=_settings(inner_cfg), workdir=workdir)
+
+
+def create(config: Any = None) -> Sandbox:
+    """Build an unstarted sandbox from a typed config (as is) or a dict such as `{"type": "local"}`
+    (parsed by its `type`)."""
+    cfg = parse_config(config)
+    return backend(type_of(cfg)).sandbox_class()(cfg)

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.container import CliResult, ContainerSandbox, run_cli
+from uniagent.sandbox.container_base import CliResult, ContainerSandbox, run_cli
 from uniagent.sandbox.procs import quote, spawn
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ def _hard_limit(which: int) -> int | None:
 
 class OciSandbox(ContainerSandbox):
     """A docker or podman container (built by `ContainerSandbox(config)`)."""
+
+    runtimes = ("docker", "podman")
 
     def _exec_argv(self, argv: list[str]) -> list[str]:
         return [self.cli, "exec", "-i", self.name, *argv]

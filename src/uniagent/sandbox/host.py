@@ -10,9 +10,9 @@ from typing import Literal
 from pydantic import Field
 
 from uniagent.errors import ConfigError
-from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import find_with_arg, signal_descendants, signal_pids, spawn
+from uniagent.sandbox.settings import SandboxConfig
 from uniagent.sandbox.shell import ShellSession
 
 

@@ -25,40 +25,21 @@ import secrets
 import shutil
 import signal
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox import procs
-from uniagent.sandbox.bwrap import CONTROL_MOUNT, INIT_ARGV, INIT_READY, bwrap_args, launcher, sandbox_env
+from uniagent.sandbox.bwrap import (
+    CONTROL_MOUNT,
+    INIT_ARGV,
+    INIT_READY,
+    LocalConfig,
+    bwrap_args,
+    launcher,
+    sandbox_env,
+)
 from uniagent.sandbox.cgroups import SandboxCgroup, cgroup_name
-from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.shell import ShellSession
-
-
-class LocalConfig(SandboxConfig):
-    """bubblewrap: host system read-only, a private writable workspace, no network by default."""
-
-    type: Literal["local"] = "local"
-    rootfs: Path | None = Field(None, description="a root filesystem directory to use instead of the host's")
-    workspace: Path | None = Field(
-        None, description="host directory bound at `workdir`; a fresh temp dir when unset"
-    )
-    keep_workspace: bool = Field(False, description="keep a temp workspace after stop (debugging)")
-    network: bool = False
-    host_python: bool = Field(
-        True, description="expose uniagent's Python environment read-only and put it first on PATH"
-    )
-    ro_binds: list[str] = Field(
-        default_factory=list, description="extra host paths bound read-only at the same path"
-    )
-    env_allowlist: list[str] = Field(
-        default_factory=lambda: ["LANG", "LC_ALL", "TZ"],
-        description="host variables passed through; everything else is scrubbed",
-    )
-
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from typing import Any, Literal, cast
 from pydantic import Field
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
-from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.pipe import PipeShellSandbox
 from uniagent.sandbox.procs import quote
+from uniagent.sandbox.settings import SandboxConfig
 from uniagent.sandbox.shell import ShellSession
 
 

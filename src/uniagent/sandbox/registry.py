@@ -6,7 +6,8 @@ Literal[NAME]`), its Sandbox class and its health check `async def doctor_check(
 ok, detail)]`, plus one line below naming the class (`"module:Class"`), the config (an attribute
 of that module) and whether a task's image runs in it. Nothing is imported until a config of
 that type is parsed or a sandbox created, so a config costs only its own backend's imports.
-`sandbox.create`, `parse_config`, `retarget` and `uniagent doctor` all go through this table.
+`sandbox.create`, `parse_config`, `retarget` (sandbox/config.py) and `uniagent doctor` all go
+through this table, which imports no backend and nothing of the sandbox package but its settings.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter
 
-from uniagent.registry import Entry, Registry, resolve
-from uniagent.sandbox.config import SandboxConfig, parse_config, type_of
+from uniagent.registry import Entry, Registry
+from uniagent.sandbox.settings import SandboxConfig
 
 if TYPE_CHECKING:
     from uniagent.sandbox.base import Sandbox
@@ -45,12 +46,16 @@ class Backend(Entry):
 
     def config_class(self) -> type[SandboxConfig]:
         ref = self.config if ":" in self.config else f"{self.module}:{self.config}"
-        cls: type[SandboxConfig] = resolve(ref)
+        cls: type[SandboxConfig] = BACKENDS.resolve(self._key(), ref)
         return cls
 
     def sandbox_class(self) -> type[Sandbox]:
-        cls: type[Sandbox] = resolve(self.target)
+        cls: type[Sandbox] = BACKENDS.resolve(self._key(), self.target)
         return cls
+
+    def _key(self) -> str:
+        """This line's name in `BACKENDS` (a line knows its target, not the key it is filed under)."""
+        return next((name for name, entry in BACKENDS.items() if entry is self), self.module)
 
 
 # One line per backend; the key is its config's `type`.
@@ -98,12 +103,6 @@ def _union(configs: tuple[type[SandboxConfig], ...]) -> Any:
 def adapter() -> TypeAdapter[Any]:
     """The validator of the union of every backend registered now."""
     return TypeAdapter(deploy_config())
-
-
-def create(config: Any = None) -> Sandbox:
-    """Build an unstarted sandbox from a config object or a dict such as `{"type": "local"}`."""
-    cfg = parse_config(config)
-    return backend(type_of(cfg)).sandbox_class()(cfg)
 
 
 def __getattr__(name: str) -> Any:

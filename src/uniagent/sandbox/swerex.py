@@ -52,8 +52,8 @@ from swerex.runtime.abstract import Command, CommandResponse, UploadRequest
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
-from uniagent.sandbox.config import SandboxConfig
 from uniagent.sandbox.procs import quote
+from uniagent.sandbox.settings import SandboxConfig
 from uniagent.sandbox.swerex_client import Client, HttpError, RedactingLog, RemoteError, redact
 from uniagent.sandbox.swerex_server import SweRexServer, free_port, inner_type
 from uniagent.sandbox.swerex_session import SweRexSession

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import create
 from uniagent.sandbox.procs import quote, tree_signal_script
 from uniagent.sandbox.swerex_client import Client, redact
 
@@ -81,8 +82,6 @@ class SweRexServer:
 
     async def start_inner(self) -> Sandbox:
         """Create and start the inner sandbox (kept here at once, so that stop frees it)."""
-        from uniagent.sandbox.registry import create
-
         self.inner = create(self._inner_config())
         await self.inner.start()
         return self.inner

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import SandboxError
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import SandboxConfig, parse_config
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux sandbox. You act only through the tools "
@@ -59,9 +60,10 @@ class Task(ABC):
     def from_row(cls, row: dict[str, Any], source: str | None = None) -> Task:
         return cls(row, source)
 
-    def sandbox_config(self, base: dict[str, Any] | None) -> dict[str, Any]:
-        """The sandbox this task needs, starting from the run's sandbox settings."""
-        return dict(base or {"type": "local"})
+    def sandbox_config(self, base: SandboxConfig | None) -> SandboxConfig:
+        """The sandbox this task needs (a backend's typed config), starting from the run's sandbox
+        settings (None: the default local sandbox)."""
+        return parse_config(base)
 
     @abstractmethod
     def messages(self) -> list[dict[str, Any]]:

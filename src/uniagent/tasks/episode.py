@@ -25,6 +25,7 @@ from uniagent.agent.react import ReactAgent
 from uniagent.errors import SandboxError
 from uniagent.models.base import ChatModel
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks import grading
 from uniagent.tasks.base import Task
 from uniagent.tools import Tool, build_tools, install_tool_scripts
@@ -50,7 +51,7 @@ class EpisodeSetup:
 
 
 async def setup_episode(
-    task: Task, sandbox_cfg: dict[str, Any] | None, metrics: dict[str, Any]
+    task: Task, sandbox_cfg: SandboxConfig | None, metrics: dict[str, Any]
 ) -> EpisodeSetup:
     """Sandbox up, task setup, tool scripts installed: the part every kind of agent shares."""
     # Setup records per-sandbox state on the task (its base commit, hidden files); samples of
@@ -85,7 +86,7 @@ async def setup_episode(
 
 @contextlib.asynccontextmanager
 async def episode_sandbox(
-    task: Task, sandbox_cfg: dict[str, Any] | None, metrics: dict[str, Any]
+    task: Task, sandbox_cfg: SandboxConfig | None, metrics: dict[str, Any]
 ) -> AsyncIterator[EpisodeSetup]:
     """`setup_episode` for the block, the sandbox stopped after it however the block ends
     (shielded: a cancelled episode still tears its sandbox down). The one set-up every agent
@@ -106,11 +107,11 @@ async def run_episode(
     task: Task,
     model: ChatModel,
     config: AgentConfig | None = None,
-    sandbox: dict[str, Any] | None = None,
+    sandbox: SandboxConfig | None = None,
     *,
     agent: Agent | None = None,
 ) -> EpisodeResult:
-    """`task` with `model` acted by `agent` (a started one, see `agent.registry.open_agent`;
+    """`task` with `model` acted by `agent` (a started one, see `agent.base.open_agent`;
     default: the ReAct loop) under the budgets in `config`, in a sandbox from `sandbox` (the run's
     settings; the task completes them). Never raises for episode-level failures: they come back
     as an exit reason. Grading happens here, for every agent (`uniagent.tasks.grading`): the final

@@ -32,6 +32,7 @@ from typing import Any
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason, Reward
 from uniagent.errors import SandboxDeadError, SandboxError
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.base import Task, WorkspaceDestroyedError
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ async def settle(task: Task, sandbox: Sandbox, result: EpisodeResult, config: Ag
 
 
 async def grade_fresh(
-    task: Task, sandbox_cfg: dict[str, Any] | None, result: EpisodeResult, config: AgentConfig
+    task: Task, sandbox_cfg: SandboxConfig | None, result: EpisodeResult, config: AgentConfig
 ) -> None:
     """`score` in a new sandbox of `task`, set up as for an episode, with only `result.patch`
     carried over. A grading sandbox that cannot start or set up is `sandbox_dead` (ours, never the

@@ -20,7 +20,7 @@ from typing import Any
 from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.sandbox.base import Sandbox
-from uniagent.sandbox.config import image_config
+from uniagent.sandbox.config import SandboxConfig, image_config, parse_config
 from uniagent.tasks import guard, repo, witness, workspace
 from uniagent.tasks.base import SYSTEM_PROMPT, Task, WorkspaceDestroyedError
 from uniagent.tasks.loading import json_list
@@ -119,12 +119,12 @@ class SweTask(Task):
             repo.check_base_commit(self.repo_path(), str(row["base_commit"]), self.instance_id)
 
     # -- environment ---------------------------------------------------------------------
-    def sandbox_config(self, base: dict[str, Any] | None) -> dict[str, Any]:
+    def sandbox_config(self, base: SandboxConfig | None) -> SandboxConfig:
         """A row with an image runs in it, with the user's settings (limits, env, network,
         timeouts, runtime) kept; the image and its project directory come from the row."""
         image = self.row.get("image")
         if not image:
-            return dict(base or {"type": "local"})
+            return parse_config(base)
         try:
             return image_config(base, str(image), str(self.row.get("workdir") or "/testbed"))
         except ConfigError as exc:

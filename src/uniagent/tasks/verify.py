@@ -19,6 +19,7 @@ from typing import Any
 
 from uniagent import sandbox as sandboxes
 from uniagent.errors import ConfigError, SandboxError
+from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.loading import load_rows
 from uniagent.tasks.swe import PatchApplyError, SweTask
 
@@ -35,7 +36,7 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
     return preds
 
 
-async def grade_one(task: SweTask, patch: str, sandbox_cfg: dict[str, Any] | None) -> dict[str, Any]:
+async def grade_one(task: SweTask, patch: str, sandbox_cfg: SandboxConfig | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     task = copy.copy(task)  # setup() records per-sandbox state
     out: dict[str, Any] = {"instance_id": task.instance_id}
@@ -60,7 +61,7 @@ async def verify(
     predictions: dict[str, dict[str, Any]] | None,
     output: Path,
     concurrency: int = 4,
-    sandbox_cfg: dict[str, Any] | None = None,
+    sandbox_cfg: SandboxConfig | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """`predictions=None` grades each task's gold patch."""

@@ -257,13 +257,13 @@ class Rollouts:
 
 async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[str, Any]]:
     """The async loop: consume finished groups, train, publish weights; until `trainer.steps`."""
-    from uniagent.agent.registry import open_agent
+    from uniagent.agent.base import open_agent
 
     cfg = trainer.cfg
     rows: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     hist: dict[str, int] = dict(trainer.async_state.get("staleness_hist_total", {}))
-    async with open_agent(cfg.agent_kind, trainer.engine, trainer.codec) as agent:
+    async with open_agent(cfg.agent.kind, trainer.engine, trainer.codec) as agent:
         rollouts = Rollouts(trainer, agent).start()
         activity = Activity(trainer.engine).start()
         try:

@@ -13,28 +13,56 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.registry import AgentKind
 from uniagent.config import build
-from uniagent.parsers.registry import known_parser
-from uniagent.sandbox.config import SandboxSection
+from uniagent.errors import ConfigError
+from uniagent.models.config import ModelConfig
+from uniagent.models.factory import local_weights
+from uniagent.models.registry import ENGINES
+from uniagent.sandbox.config import SandboxSection, default_section
 
 
-class TrainModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def trainable_model(model: ModelConfig) -> ModelConfig:
+    """The model section of a training config: weights this process loads (the local trainer, and
+    verl's FSDP trainer from the same key), so `local`, `local:PATH` or a bare model directory /
+    .gguf path (made `local:PATH`); an endpoint's kind, or a setting only a served model has, is a
+    `ConfigError`."""
+    try:
+        local_weights(model.spec)
+    except ConfigError as exc:
+        raise ConfigError(f"model.spec: {exc}") from None
+    endpoint_only = model.model_fields_set & NOT_TRAINED
+    if endpoint_only:
+        key = sorted(endpoint_only)[0]
+        raise ConfigError(
+            f"model.{key} does not apply to training (it sets a served or replayed model; the trainer "
+            "loads the weights itself): remove it"
+        )
+    return model
 
-    spec: str = Field("local", description="local (packaged SmolLM2), a model directory or a .gguf file")
-    parser: str = Field("hermes", description="tool-call format the model writes")
-    temperature: float = Field(1.0, ge=0, description="rollout sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(64, ge=1, description="tokens per model turn")
-    max_batch_size: int = Field(32, ge=1, description="rollout rows decoded together")
-    device: str = "cpu"
-    dtype: str = Field("float32", description="parameter dtype for training and rollouts")
 
-    @field_validator("parser")
-    @classmethod
-    def _parser(cls, name: str) -> str:
-        return known_parser(name)
+NOT_TRAINED = frozenset(
+    {
+        "name",
+        "api_key_env",
+        "tokenizer",
+        "replay_delay_s",
+        "max_retries",
+        "timeout_s",
+        "remote",
+        "memory_budget_bytes",
+        "prefix_cache_bytes",
+    }
+)
+
+
+def _bare_path_is_local(data: Any) -> Any:
+    """`model.spec: /models/x` (the local trainer's shorthand) as `local:/models/x`, before the
+    shared `ModelConfig` checks the kind."""
+    if isinstance(data, dict) and isinstance(data.get("spec"), str):
+        name = data["spec"].partition(":")[0]
+        if name not in ENGINES:
+            return {**data, "spec": f"local:{data['spec']}"}
+    return data
 
 
 class TrainTasksConfig(BaseModel):
@@ -228,14 +256,27 @@ class TrainerSection(BaseModel):
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: TrainModelConfig = Field(default_factory=TrainModelConfig)
+    model: ModelConfig = Field(
+        default_factory=lambda: ModelConfig(temperature=1.0, max_tokens=64, max_batch_size=32),
+        description="the policy: local (packaged SmolLM2), local:PATH or a model directory / .gguf "
+        "file; sampled at temperature 1.0, 64 tokens a turn, 32 rows decoded together by default",
+    )
     tasks: TrainTasksConfig = Field(default_factory=TrainTasksConfig)
     agent: AgentConfig = Field(default_factory=lambda: AgentConfig(max_turns=1, max_format_errors=1))
-    agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"})
+    sandbox: SandboxSection = Field(default_factory=default_section)
     algo: AlgoSection = Field(default_factory=AlgoSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _local_shorthand(cls, data: Any) -> Any:
+        return _bare_path_is_local(data)
+
+    @field_validator("model")
+    @classmethod
+    def _trainable(cls, model: ModelConfig) -> ModelConfig:
+        return trainable_model(model)  # its ConfigError passes through pydantic as one line
 
 
 def build_train_config(path: Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -225,20 +225,13 @@ class LocalTrainer:
     ) -> list[Sample]:
         """`group_size` episodes of `task` through `run_episode` (the code `uniagent run` and the verl
         loop use). `serial` names the group (its GRPO index); `first_sample` seeds its episodes."""
-        from uniagent.models.config import ModelConfig
         from uniagent.models.factory import ModelFactory
         from uniagent.tasks.episode import run_episode
 
         cfg = self.cfg
         redactor = self.redactor()
         start = self.step
-        sampled = ModelConfig(
-            parser=cfg.model.parser,
-            temperature=cfg.model.temperature,
-            top_p=cfg.model.top_p,
-            max_tokens=cfg.model.max_tokens,
-        )
-        models = ModelFactory.over_engine(self.engine, self.codec, sampled)  # the policy's own engine
+        models = ModelFactory.over_engine(self.engine, self.codec, cfg.model)  # the policy's own engine
 
         async def one(k: int) -> Sample:
             rid = f"{task.instance_id}#{serial}#{k}"
@@ -254,14 +247,14 @@ class LocalTrainer:
     async def rollout(self, tasks: list[Task], batch: int = 0) -> list[Sample]:
         """One sync rollout batch: `group_size` episodes per task, all on the policy's current weights.
         `batch` > 0 numbers the extra batches dynamic sampling asks for (their seeds differ)."""
-        from uniagent.agent.registry import open_agent
+        from uniagent.agent.base import open_agent
 
         cfg = self.cfg
         gate = asyncio.Semaphore(cfg.trainer.concurrency)
         first = (self.step + batch * cfg.trainer.steps) * cfg.trainer.group_size
         tag = f"{self.step}" if batch == 0 else f"{self.step}.{batch}"
         # the agent's per-run resources (a harness's gateway) serve the step's episodes
-        async with open_agent(cfg.agent_kind, self.engine, self.codec) as agent:
+        async with open_agent(cfg.agent.kind, self.engine, self.codec) as agent:
             groups = [self.run_group(t, tag, first, agent, gate) for t in tasks]
             return [s for group in await asyncio.gather(*groups) for s in group]
 

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.train.config import TrainConfig
+from uniagent.sandbox.config import as_written
+from uniagent.sandbox.settings import SandboxConfig
+from uniagent.train.config import NOT_TRAINED, TrainConfig
 
 SYNC_ENTRY = "verl.trainer.main_ppo"
 ASYNC_ENTRY = "verl.experimental.fully_async_policy.fully_async_main"
@@ -86,7 +88,7 @@ def _is_async(cfg: TrainConfig) -> bool:
 
 
 def _model_path(cfg: TrainConfig) -> Values:
-    spec = cfg.model.spec
+    spec = cfg.model.spec if cfg.model.spec == "local" else cfg.model.spec.removeprefix("local:")
     if spec in ("local", "smollm2"):
         return {"actor_rollout_ref.model.path": HUB_SMOLLM2}
     path = Path(spec).expanduser()
@@ -231,7 +233,9 @@ def to_loop(name: str, path: str, why: str, *, subtree: bool = False) -> Knob:
 
 
 def flatten(prefix: str, value: Any) -> Values:
-    if hasattr(value, "model_dump"):
+    if isinstance(value, SandboxConfig):  # the settings as written (each row completes them)
+        value = as_written(value)
+    elif hasattr(value, "model_dump"):
         value = value.model_dump(mode="json")
     if isinstance(value, dict):
         out: Values = {}
@@ -252,11 +256,15 @@ KNOBS: dict[str, Knob] = {
         "cannot load); a model directory as is; a .gguf file is refused",
         _model_path,
     ),
-    "model.parser": to_loop("parser", "model.parser", "UniAgentLoop's tool-call format"),
+    "model.parser": to_loop("model.parser", "model.parser", "UniAgentLoop's tool-call format"),
+    "model.template_tools": to_loop(
+        "model.template_tools", "model.template_tools", "the same setting of UniAgentLoop's model"
+    ),
+    "model.history": to_loop("model.history", "model.history", "the same setting of UniAgentLoop's model"),
     "model.temperature": same(ROLLOUT + "temperature", "same unit"),
     "model.top_p": same(ROLLOUT + "top_p", "same unit"),
     "model.max_tokens": to_loop(
-        "max_tokens_per_turn",
+        "model.max_tokens",
         "model.max_tokens",
         "UniAgentLoop's cap per model turn (an episode's total stays rollout.response_length)",
     ),
@@ -271,6 +279,15 @@ KNOBS: dict[str, Knob] = {
         "the trainer's parameter dtype (float32 -> fp32, ...); verl computes in fsdp_config.dtype (bf16/fp16 "
         "only) and rolls out in rollout.dtype, a gap algo.rollout_correction reports and can correct",
         _dtype,
+    ),
+    **{
+        f"model.{key}": Knob(
+            (), "none exists: `uniagent train` refuses it (a served model's setting)", subtree=key == "remote"
+        )
+        for key in NOT_TRAINED
+    },
+    "model.tool_format": Knob(
+        (), "none exists: a trained policy's tool calls are text (model.template_tools renders them)"
     ),
     # -- tasks: one parquet directory per selection, written by `uniagent data prepare` -------------
     "tasks.spec": Knob(
@@ -287,8 +304,7 @@ KNOBS: dict[str, Knob] = {
     ),
     "tasks.ids": Knob(("data.train_files",), "`uniagent data prepare --ids` (part of the data dir)", _tasks),
     # -- the episode: UniAgentLoop's settings (validated by settings.py before launch) -------------
-    "agent": to_loop("agent", "agent", "every budget, +uniagent.agent.*", subtree=True),
-    "agent_kind": to_loop("agent_kind", "agent_kind", "who acts"),
+    "agent": to_loop("agent", "agent", "who acts and every budget, +uniagent.agent.*", subtree=True),
     "sandbox": to_loop("sandbox", "sandbox", "the sandbox config, +uniagent.sandbox.*", subtree=True),
     # -- algorithm ---------------------------------------------------------------------------------
     "algo.adv_estimator": same("algorithm.adv_estimator", "same name"),

@@ -3,7 +3,7 @@
 verl's `AgentLoopWorker` instantiates one agent loop per dataset row (hydra, from the YAML named by
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`) and awaits `run(sampling_params, **row)`.
 This loop rebuilds the row's uniagent Task and runs it with `run_episode`, the same function
-`uniagent run` uses: same sandbox, tools, agent (`agent_kind`, default the ReAct loop; a harness
+`uniagent run` uses: same sandbox, tools, agent (`agent.kind`, default the ReAct loop; a harness
 agent gets a gateway over this sample's engine), verifier. Only the model differs: a
 `TokenChatModel` over `VerlEngine` (made by `ModelFactory.over_engine`), so the trajectory verl trains
 on is the token stream the policy actually produced, with its rollout logprobs.
@@ -71,13 +71,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
-from uniagent.agent.registry import open_agent
+from uniagent.agent.base import open_agent
 from uniagent.agent.result import check_infra_failures
 from uniagent.integrations.verl.engine import VerlEngine
-from uniagent.integrations.verl.settings import UniAgentLoopSettings, merge_settings, validate_settings
+from uniagent.integrations.verl.settings import (
+    SETTING_KEYS,
+    UniAgentLoopSettings,
+    merge_settings,
+    validate_settings,
+)
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.models.base import SamplingParams
-from uniagent.models.config import ModelConfig
 from uniagent.models.factory import ModelFactory
 from uniagent.redact import setting_secrets, shared_redactor
 from uniagent.tasks.episode import run_episode
@@ -148,7 +152,7 @@ GUARD = BatchGuard()
 class UniAgentLoop(AgentLoopBase):
     """One uniagent episode per verl dataset row; see the module docstring."""
 
-    _SETTING_KEYS = frozenset(UniAgentLoopSettings.model_fields)
+    _SETTING_KEYS = SETTING_KEYS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         yaml_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self._SETTING_KEYS}
@@ -177,7 +181,7 @@ class UniAgentLoop(AgentLoopBase):
             temperature=float(sampling_params.get("temperature", 1.0)),
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=-1 if top_k is None or int(top_k) <= 0 else int(top_k),
-            max_tokens=self.settings.max_tokens_per_turn or self.response_length,
+            max_tokens=self.settings.max_tokens(self.response_length),
         )
 
     async def run(
@@ -210,16 +214,13 @@ class UniAgentLoop(AgentLoopBase):
         models = ModelFactory.over_engine(
             engine,
             self.codec,
-            ModelConfig(parser=self.settings.parser),
-            native_tools=self.settings.native_tools,
+            self.settings.model,
         )
         model = models.new_model(
             task.instance_id, 0, request_id=request_id, sampling=self.sampling(sampling_params).model_dump()
         )
-        async with open_agent(self.settings.agent_kind, engine, self.codec) as agent:
-            result = await run_episode(
-                task, model, self.agent_config(), dict(self.settings.sandbox), agent=agent
-            )
+        async with open_agent(self.settings.agent.kind, engine, self.codec) as agent:
+            result = await run_episode(task, model, self.agent_config(), self.settings.sandbox, agent=agent)
         result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))

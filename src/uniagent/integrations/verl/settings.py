@@ -25,17 +25,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from uniagent.agent.config import AgentConfig
-from uniagent.agent.registry import AgentKind
-from uniagent.config import set_dotted, validate_config
+from uniagent.config import RENAMED, set_dotted, validate_config
 from uniagent.errors import ConfigError
-from uniagent.parsers.registry import known_parser
-from uniagent.sandbox.config import SandboxSection
+from uniagent.models.config import ModelConfig
+from uniagent.sandbox.config import SandboxSection, default_section
 
 LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
 AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
-# Keys a task row fills in for its own sandbox (`SweTask.sandbox_config` sets the row's image), so a
-# base config without them is complete enough to check.
-_ROW_FILLED = {"container": {"image": "row-image"}}
 
 
 class UniAgentLoopSettings(BaseModel):
@@ -43,13 +39,15 @@ class UniAgentLoopSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox: SandboxSection = Field(default_factory=lambda: {"type": "local"}, description="DeployConfig")
-    agent: AgentConfig = Field(default_factory=AgentConfig, description="the episode's budgets")
-    agent_kind: AgentKind = Field("react", description="who acts: react | mini-swe-agent[:CONFIG] | ...")
-    parser: str = Field("hermes", description="tool-call format the policy writes")
-    native_tools: bool | None = Field(None, description="None: native when the template renders tools")
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="cap per model turn; default rollout.response_length"
+    sandbox: SandboxSection = Field(
+        default_factory=default_section, description="the run's sandbox; each row completes it (an image)"
+    )
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="who acts and the episode's budgets")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="the policy as an episode sees it: parser, max_tokens (per model turn; unset: "
+        "rollout.response_length), template_tools, history. verl serves and samples the policy itself "
+        "(actor_rollout_ref.model.path, rollout.temperature/top_p), so any other model key is refused",
     )
     untrainable_mask: Literal["zero", "keep"] = Field(
         "zero", description="zero: infrastructure failures contribute no gradient (their mask is all 0)"
@@ -75,22 +73,38 @@ class UniAgentLoopSettings(BaseModel):
     max_resumes: int = Field(50, ge=0, description="aborted turns resumed before model_error")
     resume_delay_s: float = Field(1.0, ge=0.0)
 
-    @field_validator("parser")
+    @field_validator("model")
     @classmethod
-    def _parser(cls, name: str) -> str:
-        return known_parser(name)
+    def _what_verl_applies(cls, model: ModelConfig) -> ModelConfig:
+        """`model.history` and the rest of `VERL_MODEL_KEYS` act in the loop; a key verl decides
+        itself would be silently ignored, so it is an error naming verl's key."""
+        other = sorted(model.model_fields_set - VERL_MODEL_KEYS)
+        if other:
+            raise ConfigError(
+                f"model.{other[0]} does not apply in verl's agent loop: verl serves and samples the policy "
+                "(actor_rollout_ref.model.path, actor_rollout_ref.rollout.*); the loop takes model."
+                + ", model.".join(sorted(VERL_MODEL_KEYS))
+            )
+        return model
+
+    def max_tokens(self, response_length: int) -> int:
+        """The per-turn cap: `model.max_tokens` when set, else all of verl's response length."""
+        return self.model.max_tokens if "max_tokens" in self.model.model_fields_set else response_length
+
+
+VERL_MODEL_KEYS = frozenset({"parser", "max_tokens", "template_tools", "history"})
+"""The `model:` keys the verl loop applies (`ModelConfig` is shared with run and train)."""
+
+SETTING_KEYS = frozenset(UniAgentLoopSettings.model_fields) | {
+    old.partition(".")[0] for old in RENAMED["UniAgentLoopSettings"]
+}
+"""The agent-loop YAML entry's keys UniAgentLoop takes (an old one, to name its new key)."""
 
 
 def validate_settings(merged: dict[str, Any], entry: str) -> UniAgentLoopSettings:
     """`merged` (YAML entry keys plus the `uniagent:` section) as settings, or one `ConfigError`."""
-    sandbox = merged.get("sandbox", {"type": "local"})
-    probe = dict(merged)
-    if isinstance(sandbox, dict):  # check it as a row will complete it
-        probe["sandbox"] = {**_ROW_FILLED.get(str(sandbox.get("type", "local")), {}), **sandbox}
     try:
-        checked = validate_config(UniAgentLoopSettings, probe)
-        # the sandbox as written: each row fills in its own keys (an image) when it runs
-        return checked.model_copy(update={"sandbox": sandbox}) if "sandbox" in merged else checked
+        return validate_config(UniAgentLoopSettings, merged)
     except ConfigError as exc:
         raise ConfigError(
             f"verl agent loop {entry!r}: {exc} (set in its agent-loop YAML entry or by +uniagent.* overrides)"
