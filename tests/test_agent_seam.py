@@ -37,6 +37,7 @@ from uniagent.models.replay import ReplayEngine, ReplayRecord, save_records
 from uniagent.models.token_chat import TokenChatModel
 from uniagent.parsers import get_parser
 from uniagent.runner.config import RunConfig, build_config
+from uniagent.sandbox.config import SandboxConfig, parse_config, type_of
 from uniagent.tasks import load_tasks, run_episode
 from uniagent.tokens import ChatCodec
 
@@ -134,11 +135,11 @@ class HookedAgent(AgentBase):
     name = "hooked"
 
     def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
+        self.seen: list[SandboxConfig] = []
 
-    def prepare_sandbox(self, config: dict[str, Any]) -> dict[str, Any]:
+    def prepare_sandbox(self, config: SandboxConfig) -> SandboxConfig:
         self.seen.append(config)
-        return {**config, "env": {**config.get("env", {}), "HOOKED": "yes"}}
+        return config.model_copy(update={"env": {**config.env, "HOOKED": "yes"}})
 
     async def run(self, episode: Episode) -> EpisodeResult:
         res = await episode.sandbox.exec('echo "$HOOKED"', timeout=10)
@@ -151,10 +152,10 @@ async def test_the_sandbox_hook_is_called_for_every_agent() -> None:
     task = load_tasks("builtin:starter")[0]
     hooked = HookedAgent()
     model = SimpleNamespace(trainable=True)  # the agent never queries it
-    result = await run_episode(task, model, sandbox={"type": "local"}, agent=hooked)  # type: ignore[arg-type]
-    assert [c["type"] for c in hooked.seen] == ["local"] and "HOOKED" not in hooked.seen[0].get("env", {})
+    result = await run_episode(task, model, sandbox=parse_config({"type": "local"}), agent=hooked)  # type: ignore[arg-type]
+    assert [type_of(c) for c in hooked.seen] == ["local"] and "HOOKED" not in hooked.seen[0].env
     assert result.metrics["hooked"].strip() == "yes", result.error
-    config = {"type": "local", "env": {"A": "1"}}
+    config = parse_config({"type": "local", "env": {"A": "1"}})
     assert ReactAgent().prepare_sandbox(config) is config and isinstance(ReactAgent(), Agent)
 
 

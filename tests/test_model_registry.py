@@ -185,8 +185,8 @@ async def test_a_factory_over_an_engine_built_elsewhere(tmp_path: Path, codec: C
     and `close` leaves the engine to its owner."""
     [task] = load_tasks("builtin:starter", limit=1)
     engine = CountingEngine(str(write_replay(tmp_path / "r.jsonl", codec, [task])))
-    config = ModelConfig(temperature=0.3, max_tokens=64)
-    factory = ModelFactory.over_engine(engine, codec, config, native_tools=False)
+    config = ModelConfig(temperature=0.3, max_tokens=64, template_tools=False)
+    factory = ModelFactory.over_engine(engine, codec, config)
     assert factory.trainable
     await factory.start()
     rid = f"{task.instance_id}#0#mine"
