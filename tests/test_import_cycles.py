@@ -13,10 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # container runtimes'). Remove a line when its cycle is gone.
 KNOWN = {
     frozenset({"models", "models.local", "models.local_batch"}),
-    frozenset({"models.config", "models.registry"}),  # the registry names ModelConfig in annotations
     frozenset({"models.remote.llama_build", "models.remote.llama_server"}),
     frozenset({"sandbox.swerex", "sandbox.swerex_server", "sandbox.swerex_session"}),
-    frozenset({"tasks", "tasks.episode", "tasks.grading"}),
     frozenset({"train.async_loop", "train.checkpoint", "train.local", "train.update"}),
 }
 
