@@ -14,7 +14,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 KNOWN = {
     frozenset({"models", "models.local", "models.local_batch"}),
     frozenset({"models.remote.llama_build", "models.remote.llama_server"}),
-    frozenset({"sandbox.swerex", "sandbox.swerex_server", "sandbox.swerex_session"}),
     frozenset({"train.async_loop", "train.checkpoint", "train.local", "train.update"}),
 }
 
