@@ -26,7 +26,8 @@ from uniagent.models.base import ChatModel
 from uniagent.sandbox import procs
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task
-from uniagent.tasks.episode import run_episode, setup_episode
+from uniagent.tasks.episode import run_episode
+from uniagent.tasks.episode_setup import setup_episode
 
 pytestmark = needs_bwrap
 

@@ -16,7 +16,7 @@ from uniagent.errors import TrainingError
 from uniagent.tokens import Trajectory
 from uniagent.train import algo, filters, segments
 from uniagent.train.config import AlgoSection
-from uniagent.train.local import Sample
+from uniagent.train.sample import Sample
 from uniagent.train.toy import ToyTask
 
 core_algos = require_module("verl.trainer.ppo.core_algos", "the training losses (pip install -e .[verl])")

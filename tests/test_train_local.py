@@ -227,7 +227,7 @@ def trainer(tmp_path_factory):
 
 
 def test_untrainable_episodes_are_excluded(trainer, monkeypatch) -> None:
-    from uniagent.train.local import Sample
+    from uniagent.train.sample import Sample
 
     task = load_toy_tasks(limit=1)[0]
     seen: list[list[Trajectory]] = []
@@ -262,7 +262,7 @@ def test_update_is_seen_by_the_next_generation(trainer) -> None:
     traj.add_generation(before.token_ids, before.logprobs)
     other = Trajectory(prompt_ids=prompt)
     other.add_generation(before.token_ids[:2], before.logprobs[:2])
-    from uniagent.train.local import Sample
+    from uniagent.train.sample import Sample
 
     task = load_toy_tasks(limit=1)[0]
     trainer.update(
@@ -282,7 +282,7 @@ def test_update_reports_the_gap_and_applies_tis_when_asked(trainer, monkeypatch,
     """The step's gap metrics are those of the trainer's recompute against the engine's logprobs (made
     up here, so the gap is large); with `rollout_is` set, verl's decoupled mode: the loss ratio is
     against the recompute and verl's truncated weights of recompute vs rollout reach the loss."""
-    from uniagent.train.local import Sample
+    from uniagent.train.sample import Sample
 
     corr = {"rollout_is": rollout_is, "rollout_is_threshold": 1.5}
     algo_cfg = trainer.cfg.algo.model_copy(
@@ -320,7 +320,8 @@ def test_update_reports_the_gap_and_applies_tis_when_asked(trainer, monkeypatch,
 
 
 def test_checkpoint_and_resume_restore_step_and_optimizer(trainer) -> None:
-    from uniagent.train.local import LocalTrainer, Sample
+    from uniagent.train.local import LocalTrainer
+    from uniagent.train.sample import Sample
 
     task = load_toy_tasks(limit=1)[0]
     trajs = [_traj(5, [("model", 4)], s) for s in range(2)]
@@ -353,7 +354,8 @@ def test_step_with_too_many_infra_failures_stops_training(trainer, monkeypatch) 
     trainer.max_infra_failure_share trains on its trainable episodes. Episode results are made up
     here: the rollout machinery is not what is tested."""
     from uniagent.errors import TrainingError
-    from uniagent.train.local import METRICS, Sample
+    from uniagent.train.local import METRICS
+    from uniagent.train.sample import Sample
 
     task = load_toy_tasks(limit=1)[0]
     good = [_traj(5, [("model", 4)], s) for s in range(2)]
@@ -652,7 +654,7 @@ def test_two_segment_episode_trains_both_segments_with_the_episode_advantage(tra
     step packs three rows with the segments' own masks; both segments carry the episode's advantage,
     the one verl's GRPO gives the episode in a group of two episodes (not of three rows)."""
     from uniagent.train import segments
-    from uniagent.train.local import Sample
+    from uniagent.train.sample import Sample
 
     task = load_toy_tasks(limit=1)[0]
     segs, other = _two_segments(), _traj(5, [("model", 5)], 9)

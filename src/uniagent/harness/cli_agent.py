@@ -52,7 +52,7 @@ from uniagent.harness.session import NEEDS_TOKENS, attach_segments, finish_sessi
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.config import SandboxConfig, type_of
 from uniagent.sandbox.procs import quote
-from uniagent.tasks.episode import failed_result
+from uniagent.tasks.episode_setup import failed_result
 from uniagent.tokens import ChatCodec
 
 SOCKET = "gw.sock"

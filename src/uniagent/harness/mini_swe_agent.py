@@ -43,7 +43,8 @@ from uniagent.harness.session import (
 from uniagent.models.base import TokenEngine
 from uniagent.sandbox.base import Sandbox
 from uniagent.tasks.base import Task
-from uniagent.tasks.episode import failed_result, run_episode
+from uniagent.tasks.episode import run_episode
+from uniagent.tasks.episode_setup import failed_result
 from uniagent.tokens import ChatCodec
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@ verify), `uniagent train` and the verl agent loop (`uniagent.model`).
 
 It lives in `models/` beside the engine registry that reads it, so an engine module can take its
 settings from it without importing the runner. It checks a spec against the registry's table
-(imported at the top: the registry names this class only in annotations).
+(imported at the top: the registry reads a config through its own `ModelSettings` protocol and
+never imports this module).
 
 Each user keeps its own defaults (`TrainConfig` samples at temperature 1.0) and checks what it
 cannot apply (train: the spec must be weights it loads; verl: the spec, the engine and the batch

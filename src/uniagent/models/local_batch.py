@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import uniagent.models.kv as kv  # the module: tests patch its buffer growth (kv._CHUNK)
 from uniagent.errors import EngineError
-from uniagent.models import kv
 from uniagent.models.base import FinishReason, Generation, SamplingParams
 from uniagent.models.kv import (
     MIN_SHARED,

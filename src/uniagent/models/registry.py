@@ -15,6 +15,10 @@ What a module's `KIND.build(arg, config)` returns:
   gives one `ChatModel` per episode, with the same optional `check` and `aclose`.
 
 Modules are imported only when their kind is used, so a spec costs only its own engine's imports.
+
+The `config` every function gets is a `uniagent.models.config.ModelConfig`. This module does not
+import it (that module checks specs against this table): the registry reads only `ModelSettings`, and
+the kinds' own functions are typed `ModelConfig` in their modules.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from uniagent.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from uniagent.models.base import ChatModel
-    from uniagent.models.config import ModelConfig
 
 # A doctor row: (name, ok: True works / False broken / None not set up here, detail).
 Row = tuple[str, bool | None, str]
@@ -48,7 +51,14 @@ ENGINES = Registry(
 )
 
 
-def config_tokenizer(arg: str, config: ModelConfig) -> str | None:
+class ModelSettings(Protocol):
+    """What the registry itself reads of a `ModelConfig`."""
+
+    spec: str
+    tokenizer: str | None
+
+
+def config_tokenizer(arg: str, config: ModelSettings) -> str | None:
     """The default tokenizer of a kind that loads no weights here: `model.tokenizer` (None: SmolLM2)."""
     return config.tokenizer
 
@@ -75,10 +85,10 @@ class EngineKind:
     name: str
     usage: str
     token_level: bool
-    build: Callable[[str, ModelConfig], Awaitable[Any]]
+    build: Callable[[str, Any], Awaitable[Any]]  # (arg, ModelConfig)
     needs_arg: bool = True
-    tokenizer: Callable[[str, ModelConfig], str | None] = config_tokenizer
-    doctor: Callable[[str, ModelConfig, bool], Awaitable[list[Row]]] | None = None
+    tokenizer: Callable[[str, Any], str | None] = config_tokenizer  # (arg, ModelConfig)
+    doctor: Callable[[str, Any, bool], Awaitable[list[Row]]] | None = None  # (arg, ModelConfig, quick)
     fresh_request_ids: bool = True
 
 
@@ -129,7 +139,7 @@ def kinds_help() -> str:
     return f"KIND[:ARG], KIND one of {', '.join(ENGINES)} (e.g. local, local:PATH, vllm:URL[,URL...])"
 
 
-def tokenizer_spec(config: ModelConfig) -> str | None:
+def tokenizer_spec(config: ModelSettings) -> str | None:
     """The tokenizer a model config uses, as `resolve_model` takes it (None: the packaged SmolLM2)."""
     kind, arg = engine_kind(config.spec)
     return kind.tokenizer(arg, config)

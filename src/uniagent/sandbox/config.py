@@ -124,22 +124,21 @@ def image_config(config: Any, image: str, workdir: str) -> SandboxConfig:
         return retarget(cfg, kind, image=image, workdir=workdir)
     if kind != "swerex":
         return retarget(cfg, "container", image=image, workdir=workdir)
-    data = _settings(cfg)
-    if data.get("url"):
+    if getattr(cfg, "url", None):
         raise ConfigError(
             f"sandbox.url: this task runs in image {image}, but a running SWE-ReX server has its "
             "own environment; unset `url` and give `inner: {type: container, network: true, "
             "run_args: [--network, host]}` so that uniagent starts the server in the image"
         )
-    inner = data.get("inner") or {}
-    if inner.get("type") != "container":
+    inner = getattr(cfg, "inner", None)  # typed when the section loaded (SweRexConfig)
+    if inner is None or type_of(inner) != "container":
         raise ConfigError(
             f"sandbox.inner: this task runs in image {image}; a SWE-ReX server uniagent starts runs "
             "in the image only inside a container: set `inner: {type: container, network: true, "
             "run_args: [--network, host]}` (the image needs `swe-rex` installed)"
         )
     inner_cfg = retarget(inner, "container", image=image, workdir=workdir)
-    return retarget(cfg, "swerex", inner=_settings(inner_cfg), workdir=workdir)
+    return retarget(cfg, "swerex", inner=inner_cfg, workdir=workdir)
 
 
 def create(config: Any = None) -> Sandbox:

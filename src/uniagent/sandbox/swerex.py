@@ -43,20 +43,34 @@ import re
 import secrets
 import tarfile
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
-from pydantic import Field
+from pydantic import BeforeValidator, Field, PlainSerializer, model_validator
 from swerex.runtime.abstract import Command, CommandResponse, UploadRequest
 
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.base import Sandbox
+from uniagent.sandbox.config import as_written, parse_config
 from uniagent.sandbox.procs import quote
-from uniagent.sandbox.settings import SandboxConfig
+from uniagent.sandbox.settings import SandboxConfig, type_of
 from uniagent.sandbox.swerex_client import Client, HttpError, RedactingLog, RemoteError, redact
-from uniagent.sandbox.swerex_server import SweRexServer, free_port, inner_type
+from uniagent.sandbox.swerex_server import SweRexServer, free_port
 from uniagent.sandbox.swerex_session import SweRexSession
+
+
+def _parse_inner(data: Any) -> SandboxConfig | None:
+    """`inner` parsed by its `type` like a top-level section, its errors named under `inner`."""
+    if data is None:
+        return None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        msg = str(exc)
+        where = f"inner.{msg.removeprefix('sandbox.')}" if msg.startswith("sandbox.") else f"inner: {msg}"
+        raise ConfigError(f"sandbox.{where}") from None
 
 
 class SweRexConfig(SandboxConfig):
@@ -66,9 +80,45 @@ class SweRexConfig(SandboxConfig):
     url: str | None = Field(None, description="a running swerex-remote server; unset: start one")
     port: int | None = None
     auth_token: str | None = Field(None, repr=False, description="secret: never logged or stored")
-    inner: dict[str, Any] | None = Field(
-        None, description="the backend to start the server in when `url` is unset (default: local)"
+    inner: Annotated[
+        SandboxConfig | None,
+        BeforeValidator(_parse_inner),
+        PlainSerializer(lambda c: None if c is None else as_written(c)),
+    ] = Field(
+        None,
+        description="the backend to start the server in when `url` is unset, a sandbox section of "
+        "its own (default: local with network)",
     )
+
+    @model_validator(mode="after")
+    def _inner_reachable(self) -> SweRexConfig:
+        """uniagent reaches the server it starts on 127.0.0.1: the inner sandbox must share this
+        machine's loopback, and cannot be another swerex sandbox."""
+        if self.inner is None:
+            return self
+        kind = type_of(self.inner)
+        if kind == "swerex":
+            raise ConfigError(
+                "sandbox.inner: a SWE-ReX server cannot be started inside another swerex sandbox"
+            )
+        if kind in ("local", "container") and not getattr(self.inner, "network", False):
+            raise ConfigError(
+                f"sandbox.inner: uniagent reaches the SWE-ReX server on 127.0.0.1, so the inner {kind} "
+                "sandbox needs `network: true` (and for containers host networking, e.g. run_args: "
+                '["--network", "host"])'
+            )
+        return self
+
+    def inner_sandbox(self) -> SandboxConfig:
+        """The config of the sandbox the server starts in: `inner` (default: local with network),
+        with this section's limits (but its wall clock) unless `inner` sets its own."""
+        inner = self.inner or parse_config({"type": "local", "network": True})
+        if "limits" in inner.model_fields_set:
+            return inner
+        return parse_config({**as_written(inner), "limits": self.limits.model_dump(exclude={"wall_clock_s"})})
+
+    def inner_type(self) -> str:
+        return type_of(self.inner) if self.inner is not None else "local"
 
 
 __all__ = ["SweRexSandbox", "SweRexSession", "doctor_check", "free_port"]
@@ -99,7 +149,7 @@ class SweRexSandbox(Sandbox):
         self._url: str | None = None
 
     def __repr__(self) -> str:
-        mode = "remote" if self.config.url else f"started in {inner_type(self.config)}"
+        mode = "remote" if self.config.url else f"started in {self.config.inner_type()}"
         state = "stopped" if self._stopped else "running" if self._started else "unstarted"
         return f"<SweRexSandbox {mode} url={self._url or self.config.url or '?'} {state}>"
 
@@ -111,7 +161,8 @@ class SweRexSandbox(Sandbox):
         return self._url
 
     @property
-    def _rex(self) -> Client:
+    def rex(self) -> Client:
+        """The server's client (`SessionServer.rex`); a stopped sandbox has none."""
         if self._client is None:
             raise SandboxDeadError("the swerex sandbox is not running (start it first)")
         return self._client
@@ -135,12 +186,12 @@ class SweRexSandbox(Sandbox):
         return Client(host=host, port=port, token=token, logger=RedactingLog(log, token))  # type: ignore[arg-type]
 
     async def _check_reachable(self) -> None:
-        resp = await self._rex.is_alive(timeout=min(self.config.start_timeout_s, 30.0))
+        resp = await self.rex.is_alive(timeout=min(self.config.start_timeout_s, 30.0))
         if resp.is_alive:
             return
         msg = redact(resp.message, self._token)
         if re.search(r"Status code (401|403)\b", msg):
-            await self._rex.aclose()
+            await self.rex.aclose()
             raise ConfigError(
                 f"sandbox.auth_token: the SWE-ReX server at {self._url} rejected the token "
                 f"({_first_line(msg)}); give the value its swerex-remote was started with (--auth-token)"
@@ -150,7 +201,7 @@ class SweRexSandbox(Sandbox):
     async def _start_server(self) -> None:
         """Start `swerex-remote` inside the inner sandbox and connect to it."""
         cfg: SweRexConfig = self.config
-        self._server = server = SweRexServer(cfg, self.id)
+        self._server = server = SweRexServer(cfg.inner_sandbox(), cfg.port, self.id)
         inner = await server.start_inner()
         if "workdir" not in cfg.model_fields_set:
             self.workdir = inner.workdir
@@ -192,12 +243,17 @@ class SweRexSandbox(Sandbox):
 
     async def _open_session(self, name: str) -> SweRexSession:
         """A persistent SWE-ReX bash session (see swerex_session.py)."""
-        sess = SweRexSession(self, name)
+        # The workdir may not exist on a server uniagent did not set up; relative paths of the
+        # file methods resolve against it too, so create it rather than run elsewhere.
+        setup = f"mkdir -p -- {quote(self.workdir)} 2>/dev/null\n{self._preamble()}"
+        sess = SweRexSession(
+            self, name, prefix=f"ua-{self.id}", setup=setup, start_timeout_s=self.config.start_timeout_s
+        )
         await sess.start()
         return sess
 
-    async def _call(self, request: Any, what: str) -> Any:
-        """Await one SWE-ReX request; transport failures become uniagent errors.
+    async def call(self, request: Awaitable[Any], what: str) -> Any:
+        """Await one SWE-ReX request; transport failures become uniagent errors (`SessionServer.call`).
 
         `RemoteError` (an exception raised by the server) passes through for the caller to map.
         """
@@ -226,8 +282,8 @@ class SweRexSandbox(Sandbox):
         if not self._started or self._stopped:
             raise SandboxDeadError("the swerex sandbox is not running (start it first)")
         try:
-            res: CommandResponse = await self._call(
-                self._rex.execute(Command(command=["bash", "-c", command], timeout=timeout)), what
+            res: CommandResponse = await self.call(
+                self.rex.execute(Command(command=["bash", "-c", command], timeout=timeout)), what
             )
         except RemoteError as exc:
             raise SandboxError(f"{what} failed: {exc.name}: {str(exc)[:300]}") from None
@@ -246,8 +302,8 @@ class SweRexSandbox(Sandbox):
             src = Path(tmp) / "data"
             await asyncio.to_thread(src.write_bytes, data)
             try:
-                await self._call(
-                    self._rex.upload(UploadRequest(source_path=str(src), target_path=dest)), f"writing {dest}"
+                await self.call(
+                    self.rex.upload(UploadRequest(source_path=str(src), target_path=dest)), f"writing {dest}"
                 )
             except RemoteError as exc:
                 raise SandboxError(f"writing {dest} failed: {exc.name}: {str(exc)[:300]}") from None

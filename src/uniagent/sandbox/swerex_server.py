@@ -1,7 +1,8 @@
 """A `swerex-remote` server that uniagent starts itself, inside another backend (`inner`).
 
 The inner sandbox (default: `local` with network, so that its loopback is this machine's) is
-created from the swerex config's `inner`; the server is launched from a dedicated session of it
+created from the swerex config's `inner` (typed and checked when the config loads:
+`SweRexConfig.inner_sandbox`); the server is launched from a dedicated session of it
 (`SERVER_SESSION`), so timeouts in other sessions never touch it. It reads its auth token from a
 pipe, never argv or the environment the agent's shells inherit. On stop, the server's process
 tree is killed before the inner sandbox is stopped.
@@ -14,16 +15,13 @@ import contextlib
 import signal
 import socket
 import sys
-from typing import TYPE_CHECKING, Any
 
-from uniagent.errors import ConfigError, SandboxStartError
+from uniagent.errors import SandboxStartError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import create
 from uniagent.sandbox.procs import quote, tree_signal_script
+from uniagent.sandbox.settings import SandboxConfig, type_of
 from uniagent.sandbox.swerex_client import Client, redact
-
-if TYPE_CHECKING:
-    from uniagent.sandbox.swerex import SweRexConfig  # the backend module, which imports this one
 
 SERVER_SESSION = "_swerex_server"
 """The inner sandbox's session that launches the server (and is never used for anything else)."""
@@ -46,43 +44,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def inner_type(config: SweRexConfig) -> str:
-    return str((config.inner or {}).get("type", "local"))
-
-
 class SweRexServer:
     """The inner sandbox and the server process in it, for one SweRexSandbox."""
 
-    def __init__(self, config: SweRexConfig, sandbox_id: str) -> None:
-        self.config = config
+    def __init__(self, inner: SandboxConfig, port: int | None, sandbox_id: str) -> None:
+        """`inner`: the sandbox to start the server in; `port`: the server's (None: a free one)."""
+        self.inner_config = inner
+        self.port = port
         self.id = sandbox_id
         self.inner: Sandbox | None = None
         self.pid: str | None = None
         self.log_path: str | None = None
 
-    def _inner_config(self) -> dict[str, Any]:
-        cfg = self.config
-        inner_cfg: dict[str, Any] = (
-            dict(cfg.inner) if cfg.inner is not None else {"type": "local", "network": True}
-        )
-        kind = inner_cfg.get("type", "local")
-        if kind == "swerex":
-            raise ConfigError(
-                "sandbox.inner: a SWE-ReX server cannot be started inside another swerex sandbox"
-            )
-        if kind in ("local", "container") and not inner_cfg.get("network", False):
-            raise ConfigError(
-                f"sandbox.inner: uniagent reaches the SWE-ReX server on 127.0.0.1, so the inner {kind} "
-                "sandbox needs `network: true` (and for containers host networking, e.g. run_args: "
-                '["--network", "host"])'
-            )
-        if "limits" not in inner_cfg:
-            inner_cfg["limits"] = cfg.limits.model_dump(exclude={"wall_clock_s"})
-        return inner_cfg
-
     async def start_inner(self) -> Sandbox:
         """Create and start the inner sandbox (kept here at once, so that stop frees it)."""
-        self.inner = create(self._inner_config())
+        self.inner = create(self.inner_config)
         await self.inner.start()
         return self.inner
 
@@ -99,11 +75,11 @@ class SweRexServer:
         )
         if not found.ok:
             raise SandboxStartError(
-                f"no Python with SWE-ReX inside the inner {inner_type(self.config)} sandbox: install it "
+                f"no Python with SWE-ReX inside the inner {type_of(self.inner_config)} sandbox: install it "
                 "there (pip install swe-rex) or choose another `inner`"
             )
         python = found.output.strip().splitlines()[-1]
-        port = self.config.port or free_port()
+        port = self.port or free_port()
         self.log_path = f"/tmp/.uniagent-swerex-{self.id}-{port}.log"
         launch = await inner.exec(
             f"cd -- {quote(workdir)} 2>/dev/null; "

@@ -1,6 +1,9 @@
 """One SWE-ReX bash session as a uniagent `Session` (the protocol is described in
 sandbox/swerex.py's docstring): commands travel as one `eval $'…'` line between markers that
-carry the exit code and the cwd; timeouts interrupt, lost shells are replaced in their cwd."""
+carry the exit code and the cwd; timeouts interrupt, lost shells are replaced in their cwd.
+
+A session knows its sandbox only as a `SessionServer`: the server's client and the call that turns
+transport failures into uniagent errors; what a new shell runs first is given when it is made."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ import contextlib
 import re
 import secrets
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from swerex.runtime.abstract import (
     BashAction,
@@ -22,10 +26,7 @@ from uniagent.errors import SandboxDeadError, SandboxError
 from uniagent.sandbox.output import clip_text
 from uniagent.sandbox.procs import quote
 from uniagent.sandbox.shell import ExecResult
-from uniagent.sandbox.swerex_client import RemoteError
-
-if TYPE_CHECKING:
-    from uniagent.sandbox.swerex import SweRexSandbox
+from uniagent.sandbox.swerex_client import Client, RemoteError
 
 _SESSION_SETUP = "set +H; export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER=cat"
 """A pty makes programs think a human is watching: pagers would wait for a key forever."""
@@ -42,6 +43,19 @@ def _ansi_c(command: str) -> str:
     return "$'" + "".join(out) + "'"
 
 
+class SessionServer(Protocol):
+    """What a session uses of its sandbox (`SweRexSandbox`)."""
+
+    @property
+    def rex(self) -> Client:
+        """The server's client (raises `SandboxDeadError` once the sandbox is stopped)."""
+        ...
+
+    async def call(self, request: Awaitable[Any], what: str) -> Any:
+        """Await one request; transport failures become uniagent errors, a `RemoteError` passes."""
+        ...
+
+
 class SweRexSession:
     """One SWE-ReX bash session. Commands run one at a time (a lock serialises them).
 
@@ -49,9 +63,16 @@ class SweRexSession:
     sessions of one server also run one after the other; their state stays separate.
     """
 
-    def __init__(self, box: SweRexSandbox, name: str) -> None:
-        self.box = box
+    def __init__(
+        self, server: SessionServer, name: str, *, prefix: str, setup: str, start_timeout_s: float
+    ) -> None:
+        """`prefix` makes the server-side session names unique to this sandbox; `setup` is what a
+        new shell runs first (the workdir, PATH, env); `start_timeout_s` bounds a shell's start."""
+        self.server = server
         self.name = name
+        self.prefix = prefix
+        self.setup = setup
+        self.start_timeout_s = start_timeout_s
         self.token = "__UA_" + secrets.token_hex(8)
         self.cwd: str | None = None
         self.restarts = 0
@@ -64,29 +85,27 @@ class SweRexSession:
 
     @property
     def remote_name(self) -> str:
-        return f"ua-{self.box.id}-{self.name}-{self._generation}"
+        return f"{self.prefix}-{self.name}-{self._generation}"
 
     def alive(self) -> bool:
         return self._open and not self._closed
 
     async def start(self) -> None:
         """Create the bash session on the server and set PATH, env and cwd in it."""
-        box = self.box
-        await box._call(
-            box._rex.create_session(
+        server = self.server
+        await server.call(
+            server.rex.create_session(
                 CreateBashSessionRequest(
-                    session=self.remote_name, startup_timeout=min(box.config.start_timeout_s, 30.0)
+                    session=self.remote_name, startup_timeout=min(self.start_timeout_s, 30.0)
                 )
             ),
             f"creating session {self.name!r}",
         )
         self._open = True
-        # The workdir may not exist on a server uniagent did not set up; relative paths of the
-        # file methods resolve against it too, so create it rather than run elsewhere.
-        setup = f"{_SESSION_SETUP}\nmkdir -p -- {quote(box.workdir)} 2>/dev/null\n{box._preamble()}"
+        setup = f"{_SESSION_SETUP}\n{self.setup}"
         if self.cwd:
             setup += f"\ncd -- {quote(self.cwd)} 2>/dev/null || true"
-        res = await self._run_once(setup, box.config.start_timeout_s, None)
+        res = await self._run_once(setup, self.start_timeout_s, None)
         if res.exit_code is None:
             raise SandboxDeadError(f"session {self.name!r} did not start: {res.output.strip()[-300:]}")
 
@@ -113,7 +132,6 @@ class SweRexSession:
     async def _run_once(self, command: str, timeout: float, max_output: int | None) -> ExecResult:
         if "\0" in command:
             return ExecResult(2, "the command contains a NUL byte, which a shell cannot run", cwd=self.cwd)
-        box = self.box
         self._seq += 1
         tag = f"{self.token}-{self._seq}"
         line = (
@@ -123,7 +141,7 @@ class SweRexSession:
         action = BashAction(command=line, session=self.remote_name, timeout=timeout, check="ignore")
         started = time.perf_counter()
         try:
-            obs = await box._call(box._rex.run_in_session(action), "running a command")
+            obs = await self.server.call(self.server.rex.run_in_session(action), "running a command")
         except RemoteError as exc:
             return await self._failed(exc, tag, timeout, max_output, started)
         body, code, cwd = self._parse(obs.output, tag)
@@ -136,12 +154,12 @@ class SweRexSession:
         self, exc: RemoteError, tag: str, timeout: float, max_output: int | None, started: float
     ) -> ExecResult:
         """Map a server-side exception of a command: a timeout, a dead shell, or an error."""
-        box = self.box
+        server = self.server
         if exc.name == "CommandTimeoutError":
             partial = ""
             try:
-                obs = await box._call(
-                    box._rex.run_in_session(
+                obs = await server.call(
+                    server.rex.run_in_session(
                         BashInterruptAction(session=self.remote_name, timeout=1.0, n_retry=3)
                     ),
                     "interrupting a command",
@@ -192,16 +210,16 @@ class SweRexSession:
         self._open = False
         self._lost = why
         with contextlib.suppress(Exception):
-            await self.box._call(
-                self.box._rex.close_session(CloseBashSessionRequest(session=self.remote_name)),
+            await self.server.call(
+                self.server.rex.close_session(CloseBashSessionRequest(session=self.remote_name)),
                 "closing a session",
             )
 
     async def interrupt(self) -> None:
         """Ctrl-C whatever runs now. The server handles one request at a time, so this takes
         effect once the running request returns; a command's own timeout is the way to stop it."""
-        await self.box._call(
-            self.box._rex.run_in_session(BashInterruptAction(session=self.remote_name)), "interrupting"
+        await self.server.call(
+            self.server.rex.run_in_session(BashInterruptAction(session=self.remote_name)), "interrupting"
         )
 
     async def close(self) -> None:
@@ -210,5 +228,5 @@ class SweRexSession:
             self._open = False
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self.box._rex.close_session(CloseBashSessionRequest(session=self.remote_name)), 10
+                    self.server.rex.close_session(CloseBashSessionRequest(session=self.remote_name)), 10
                 )

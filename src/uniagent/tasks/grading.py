@@ -7,8 +7,8 @@ Where (`agent.grade_in`, the task's `carries`, see tasks/base.py):
 
 - a patch-graded task under `fresh` (the default): `final_state` takes the patch out of the agent's
   sandbox, that sandbox is stopped (its processes, its /tmp, its shell go with it), and `score`
-  runs in a new sandbox of the task set up exactly as for an episode (`setup_episode`), the patch
-  its only input. Under `same`, `score` runs in the agent's sandbox, as before;
+  runs in a new sandbox of the task set up exactly as for an episode (`tasks.episode_setup`), the
+  patch its only input. Under `same`, `score` runs in the agent's sandbox, as before;
 - an answer-graded task: `score(None, result)`, no sandbox at all;
 - a task that reads the agent's sandbox (`carries = "sandbox"`): `score` there.
 
@@ -34,6 +34,7 @@ from uniagent.errors import SandboxDeadError, SandboxError
 from uniagent.sandbox.base import Sandbox
 from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.base import Task, WorkspaceDestroyedError
+from uniagent.tasks.episode_setup import episode_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,6 @@ async def grade_fresh(
     """`score` in a new sandbox of `task`, set up as for an episode, with only `result.patch`
     carried over. A grading sandbox that cannot start or set up is `sandbox_dead` (ours, never the
     agent's: it never ran there)."""
-    from uniagent.tasks.episode import episode_sandbox  # the episode module runs this one
-
     t0 = time.perf_counter()
     figures: dict[str, Any] = {}
     try:

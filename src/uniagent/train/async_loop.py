@@ -34,14 +34,70 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from uniagent.errors import TrainingError
+from uniagent.train.sample import Sample, staleness_hist
 
 if TYPE_CHECKING:
-    from uniagent.train.local import LocalTrainer, Sample
+    import concurrent.futures
+    from pathlib import Path
+
+    import torch
+
+    from uniagent.models.local import LocalEngine
+    from uniagent.tasks.base import Task
+    from uniagent.tokens import ChatCodec
+    from uniagent.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+
+class AsyncTrainer(Protocol):
+    """What the async loop uses of the trainer (`train.local.LocalTrainer` is one; no import, no
+    cycle): its state, the engine it publishes weights to, and the steps it shares with the sync
+    loop (rollout of a group, the update, the metrics row, checkpoints)."""
+
+    cfg: TrainConfig
+    tasks: list[Task]
+    step: int
+    async_state: dict[str, Any]
+    engine: LocalEngine
+    codec: ChatCodec
+    policy: torch.nn.Module
+    worker: concurrent.futures.Executor  # the one thread updates and saves run on
+
+    def pick_task(self) -> Task: ...
+
+    def task_by_id(self, instance_id: str) -> Task: ...
+
+    async def run_group(
+        self, task: Task, serial: str, first_sample: int, agent: Any, gate: Any
+    ) -> list[Sample]: ...
+
+    def group_dropped_reason(self, group: list[Sample]) -> str | None: ...
+
+    def check_infra(self, samples: list[Sample]) -> None: ...
+
+    def update(self, samples: list[Sample]) -> dict[str, float]: ...
+
+    def step_row(
+        self,
+        samples: list[Sample],
+        losses: dict[str, float],
+        *,
+        step_s: float,
+        rollout_s: float,
+        update_s: float,
+        generated: int,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]: ...
+
+    def write_row(self, row: dict[str, Any]) -> None: ...
+
+    def save_due(self) -> bool: ...
+
+    def save(self) -> Path: ...
 
 
 class Activity:
@@ -85,17 +141,6 @@ class Activity:
                 await self._task
 
 
-def staleness_hist(samples: list[Sample], version: int) -> dict[str, int]:
-    """Trainable episodes per lag: how many versions the oldest token of each is behind `version`,
-    the policy the update starts from (sync: always 0)."""
-    hist: dict[str, int] = {}
-    for s in samples:
-        if s.result.trainable:
-            lag = str(version - s.oldest_version)
-            hist[lag] = hist.get(lag, 0) + 1
-    return hist
-
-
 @dataclass
 class Group:
     """One task's `group_size` episodes, started together at `start_version`."""
@@ -113,7 +158,7 @@ class Group:
 class Rollouts:
     """The producer: starts groups under the staleness bound and collects the finished ones."""
 
-    def __init__(self, trainer: LocalTrainer, agent: Any) -> None:
+    def __init__(self, trainer: AsyncTrainer, agent: Any) -> None:
         self.trainer = trainer
         self.agent = agent
         cfg = trainer.cfg.trainer
@@ -255,7 +300,7 @@ class Rollouts:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[str, Any]]:
+async def train_async(trainer: AsyncTrainer, on_step: Any = None) -> list[dict[str, Any]]:
     """The async loop: consume finished groups, train, publish weights; until `trainer.steps`."""
     from uniagent.agent.base import open_agent
 
@@ -283,7 +328,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                 samples = [s for g in groups for s in g.samples]
                 trainer.check_infra(samples)
                 t1 = time.perf_counter()
-                losses = await loop.run_in_executor(trainer._worker, trainer.update, samples)
+                losses = await loop.run_in_executor(trainer.worker, trainer.update, samples)
                 update_s = time.perf_counter() - t1
                 t2 = time.perf_counter()
                 state = {k: v.detach() for k, v in trainer.policy.state_dict().items()}
@@ -328,7 +373,7 @@ async def train_async(trainer: LocalTrainer, on_step: Any = None) -> list[dict[s
                     on_step(row)
                 trainer.async_state = {**rollouts.snapshot(), "staleness_hist_total": hist}
                 if trainer.save_due():
-                    await loop.run_in_executor(trainer._worker, trainer.save)
+                    await loop.run_in_executor(trainer.worker, trainer.save)
         finally:
             await activity.stop()
             await rollouts.stop()

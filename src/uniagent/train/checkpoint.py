@@ -9,21 +9,42 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from uniagent.jsonio import atomic_path
 from uniagent.train.outputs import METRICS, truncate_metrics
+from uniagent.train.sample import Sample
 
 if TYPE_CHECKING:
-    from uniagent.train.local import LocalTrainer
+    from uniagent.redact import Redactor
+    from uniagent.tasks.base import Task
+    from uniagent.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-def save_checkpoint(trainer: LocalTrainer) -> Path:
+class Checkpointed(Protocol):
+    """What a checkpoint saves and restores of the trainer (`train.local.LocalTrainer` is one; no
+    import, no cycle)."""
+
+    cfg: TrainConfig
+    out: Path
+    ckpt_dir: Path
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int
+    rng: random.Random
+    async_state: dict[str, Any]
+
+    def redactor(self) -> Redactor: ...
+
+    def task_by_id(self, instance_id: str) -> Task: ...
+
+
+def save_checkpoint(trainer: Checkpointed) -> Path:
     """Model, optimizer, step and every RNG the run draws from, written atomically."""
     trainer.ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = trainer.ckpt_dir / f"step_{trainer.step:06d}.pt"
@@ -47,7 +68,7 @@ def save_checkpoint(trainer: LocalTrainer) -> Path:
     return path
 
 
-def load_checkpoint(trainer: LocalTrainer, path: Path) -> None:
+def load_checkpoint(trainer: Checkpointed, path: Path) -> None:
     state = torch.load(path, map_location=trainer.cfg.model.device, weights_only=False)
     trainer.policy.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
@@ -72,16 +93,10 @@ def _portable(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _restored(state: dict[str, Any], trainer: LocalTrainer) -> dict[str, Any]:
+def _restored(state: dict[str, Any], trainer: Checkpointed) -> dict[str, Any]:
     out = dict(state)
     out["finished"] = [
-        {**g, "samples": [_sample(trainer.task_by_id(t), grp, r, v) for t, grp, r, v in g["samples"]]}
+        {**g, "samples": [Sample(trainer.task_by_id(t), grp, r, v) for t, grp, r, v in g["samples"]]}
         for g in state.get("finished", [])
     ]
     return out
-
-
-def _sample(*args: Any) -> Any:
-    from uniagent.train.local import Sample
-
-    return Sample(*args)

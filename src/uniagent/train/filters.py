@@ -1,7 +1,7 @@
 """Which episodes of a step train, and which count in their group's baseline: DAPO's filters.
 
 Three settings (`algo.filter_groups`, `algo.overlong_filter`, `algo.unfinished`), all pure functions
-over the trainer's samples (anything with `.group` and `.result`, e.g. `train.local.Sample`), so the
+over the trainer's samples (anything with `.group` and `.result`, e.g. `train.sample.Sample`), so the
 sync and the async loop apply the same rules and the tests need no model.
 
 - **Dynamic sampling** (DAPO; verl `algorithm.filter_groups`): a GRPO group whose episodes all
@@ -43,7 +43,7 @@ Why = Literal["trained", "untrainable", "no_model_tokens", "unfinished_dropped",
 
 
 class Grouped(Protocol):
-    """What the filters read of a trainer sample (`train.local.Sample` is one; no import, no cycle)."""
+    """What the filters read of a trainer sample (`train.sample.Sample` is one; no import, no cycle)."""
 
     @property
     def group(self) -> str: ...

@@ -65,18 +65,16 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from uniagent.agent.result import EpisodeResult, check_infra_failures
+from uniagent.agent.result import check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
-from uniagent.train import filters, segments
-from uniagent.train.async_loop import staleness_hist
+from uniagent.train import filters
 from uniagent.train.config import TrainConfig
 from uniagent.train.outputs import (
     CURVE,
@@ -86,6 +84,7 @@ from uniagent.train.outputs import (
     release_memory,
     rss_mb,
 )
+from uniagent.train.sample import Sample, staleness_hist
 
 log = logging.getLogger(__name__)
 
@@ -106,26 +105,6 @@ def load_train_tasks(cfg: TrainConfig) -> list[Task]:
     if not tasks:
         raise ConfigError(f"tasks.spec {spec!r} gave no tasks")
     return tasks
-
-
-@dataclass
-class Sample:
-    """One episode of a step and the group it belongs to.
-
-    `start_version` is the policy version the engine served when the episode's group started;
-    `oldest_version` the oldest version among its model tokens (with partial rollout an episode's
-    tokens can span versions). Staleness is measured from the oldest token: it is what bounds how far
-    off-policy the update is."""
-
-    task: Task
-    group: str
-    result: EpisodeResult
-    start_version: int = 0
-
-    @property
-    def oldest_version(self) -> int:
-        ranges = [r for seg in segments.trained_segments(self.result) if (r := seg.version_range) is not None]
-        return min(low for low, _ in ranges) if ranges else self.start_version
 
 
 class LocalTrainer:
@@ -183,9 +162,10 @@ class LocalTrainer:
         )
         self._engine_mark: dict[str, int] = {}  # engine counters at the last step row (`engine_work`)
         self._writers = Writers(self.out, cfg, self.redactor)
-        # Updates and saves run on one dedicated thread: a fresh pool thread per step would give each
-        # its own malloc arena and OpenMP team (memory fragmentation, slower kernels on few cores).
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        # Updates and saves run on one dedicated thread (both loops use it): a fresh pool thread per
+        # step would give each its own malloc arena and OpenMP team (memory fragmentation, slower
+        # kernels on few cores).
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
 
     # ------------------------------------------------------------------------------- rollout
 
@@ -258,7 +238,7 @@ class LocalTrainer:
             groups = [self.run_group(t, tag, first, agent, gate) for t in tasks]
             return [s for group in await asyncio.gather(*groups) for s in group]
 
-    def _assert_idle(self) -> None:
+    def assert_idle(self) -> None:
         """Shared weights (sync) may change only while no generation is queued or running; an async
         engine serves its own copy, refreshed by `update_weights` between two decode steps."""
         if not self.shared:
@@ -380,7 +360,7 @@ class LocalTrainer:
         generated = self.engine.stats.generated_tokens - before
         t1 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        losses = await loop.run_in_executor(self._worker, self.update, trained)
+        losses = await loop.run_in_executor(self.worker, self.update, trained)
         release_memory()
         update_s = time.perf_counter() - t1
         self.step += 1
@@ -422,7 +402,7 @@ class LocalTrainer:
                     if on_step is not None:
                         on_step(row)
                     if self.save_due():
-                        await asyncio.get_running_loop().run_in_executor(self._worker, self.save)
+                        await asyncio.get_running_loop().run_in_executor(self.worker, self.save)
             finally:
                 await activity.stop()
             return rows
@@ -431,7 +411,7 @@ class LocalTrainer:
 
     def close(self) -> None:
         self.engine.close()
-        self._worker.shutdown(wait=True)
+        self.worker.shutdown(wait=True)
 
     # ------------------------------------------------------------------------------- checkpoints
 
@@ -439,7 +419,7 @@ class LocalTrainer:
         """Model, optimizer, step, RNG states and the async bookkeeping (train/checkpoint.py)."""
         from uniagent.train.checkpoint import save_checkpoint
 
-        self._assert_idle()
+        self.assert_idle()
         return save_checkpoint(self)
 
     def _load(self, path: Path) -> None:

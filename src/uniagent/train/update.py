@@ -9,19 +9,38 @@ tokens gives the mismatch metrics and, when asked, verl's truncated IS weights (
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from uniagent.train import algo, filters, mismatch, segments
+from uniagent.train.sample import Sample
 
 if TYPE_CHECKING:
-    from uniagent.train.local import LocalTrainer, Sample
+    from uniagent.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-def policy_update(trainer: LocalTrainer, samples: list[Sample]) -> dict[str, float]:
+class Updated(Protocol):
+    """What an update uses of the trainer (`train.local.LocalTrainer` is one; no import, no cycle)."""
+
+    cfg: TrainConfig
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def trainer_threads(self) -> int | None: ...
+
+    def assert_idle(self) -> None:
+        """Raise when the weights must not change now (a generation still runs on them)."""
+
+
+def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
     """One optimizer step on the trainable samples; returns loss metrics."""
     cfg = trainer.cfg
     if trainer.trainer_threads:
@@ -57,7 +76,7 @@ def policy_update(trainer: LocalTrainer, samples: list[Sample]) -> dict[str, flo
         total_tokens,
         len(batch),
     )
-    trainer._assert_idle()
+    trainer.assert_idle()
     trainer.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {"pg_loss": 0.0, "kl_loss": 0.0}
     weighted: dict[str, float] = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
