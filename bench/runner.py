@@ -91,18 +91,15 @@ from runner_probe import (
     store_count,
     store_rows,
 )
+from runner_workload import TASKS, script_turns
 from uniagent.models.base import Generation
 from uniagent.models.replay import ANY_PROMPT, ReplayRecord, save_records
-from uniagent.parsers import get_parser
-from uniagent.parsers.base import ToolCall
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
-from uniagent.tasks.swe import patch_files
 from uniagent.tokens import ChatCodec
 
 BENCH = "runner"
 HERE = Path(__file__).resolve().parent
-TASKS = "builtin:starter"
 BASELINE_EP_PER_MIN = {100: 61.6, 1000: 44.1}  # issue 14's table, main at 74b8174
 GOAL_EP_PER_MIN_1000 = 130.0
 MAX_TURNS = 12  # 10 scripted turns; the rest is slack that an unexpected extra turn would show
@@ -125,40 +122,6 @@ def unit_of(figure: str) -> str | None:
 
 def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
     print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
-
-
-# -- the workload ---------------------------------------------------------------------------------
-def exploration_commands(task: Task) -> list[str]:
-    """Eight commands an agent typically runs before editing: look around the repository."""
-    target = patch_files(task.row["patch"])[0]
-    package = target.split("/")[0]
-    return [
-        "ls -la",
-        f"cat {target}",
-        f"grep -rn 'def ' {package} | head -n 40",
-        "git status",
-        "git log -1",
-        "find . -name '*.py' -not -path './.git/*' | sort",
-        f"head -n 30 {package}/__init__.py",
-        f"python -c 'import {package}; print({package}.__name__, len(dir({package})))'",
-    ]
-
-
-def apply_command(task: Task) -> str:
-    """The gold patch applied with bash, as a model would write it (heredoc into git apply)."""
-    return f"git apply <<'UA_EOF'\n{task.row['patch']}UA_EOF\necho applied"
-
-
-def episode_commands(task: Task) -> list[str]:
-    """The nine shell commands of an episode; the tenth turn submits."""
-    return [*exploration_commands(task), apply_command(task)]
-
-
-def script_turns(task: Task, parser: str = "hermes") -> list[str]:
-    """The ten model turns of one episode, as text in the model's tool-call format."""
-    render = get_parser(parser).render_call
-    calls = [ToolCall("bash", {"command": c}) for c in episode_commands(task)]
-    return [render(c) for c in [*calls, ToolCall("submit", {})]]
 
 
 def load_codec() -> ChatCodec:

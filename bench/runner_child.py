@@ -148,12 +148,12 @@ def time_grading() -> list[float]:
 
 
 def mark_first_episode(probe: LagProbe) -> dict[str, float]:
-    """Wrap the runner's `run_episode` to note the CPU used before the first episode (imports, the
+    """Wrap the episode worker's `run_episode` to note the CPU used before the first episode (imports, the
     tokenizer, the codec's template probe, preflight): start-up, reported apart from per-step CPU.
     The lag probe keeps only samples from then on."""
-    import uniagent.runner.run  # noqa: F401  (the package's `run` attribute is the function)
+    import uniagent.runner.worker  # noqa: F401  (every episode of a run goes through the worker)
 
-    run_module = sys.modules["uniagent.runner.run"]
+    run_module = sys.modules["uniagent.runner.worker"]
     mark: dict[str, float] = {}
     original = run_module.run_episode
 

@@ -36,8 +36,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runner import TASKS, episode_commands
 from runner_child import peak_rss_kb
+from runner_workload import TASKS, episode_commands
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 

@@ -18,6 +18,7 @@ from uniagent.models.factory import ModelFactory
 from uniagent.runner.config import RunConfig
 from uniagent.sandbox.config import SandboxConfig
 from uniagent.tasks.base import Task
+from uniagent.tasks.episode import run_episode
 
 
 class EpisodeWorker:
@@ -64,8 +65,6 @@ class EpisodeWorker:
     async def run(self, task: Task, sample: int) -> EpisodeResult:
         """Sample `sample` of `task`: its model from the factory, the worker's agent, the run's
         budgets and sandbox settings. Episode failures come back as exit reasons (`run_episode`)."""
-        from uniagent.tasks.episode import run_episode
-
         agent = self.agent if self.agent is not None else await self.start()
         assert self.factory is not None
         model = self.factory.new_model(task.instance_id, sample, self.config.runner.seed)
