@@ -8,9 +8,9 @@ names it, never a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
 from uniagent.config import build
@@ -36,13 +36,7 @@ RUN_BACKENDS = Registry(
 )
 
 
-def _check_backend(name: str) -> str:
-    if name not in RUN_BACKENDS:
-        raise ValueError(str(RUN_BACKENDS.unknown(name)))
-    return name
-
-
-RunBackend = Annotated[str, AfterValidator(_check_backend)]
+RunBackend = RUN_BACKENDS.field_type()
 """`runner.backend`, checked against `RUN_BACKENDS` when the config is built."""
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import AfterValidator
+from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.registry import Entry, Registry
@@ -67,20 +65,6 @@ SUITES = Registry(
 )
 
 
-def _check_spec(spec: Any) -> Any:
-    """A `builtin:NAME` spec must name a line of `SUITES` (a file path is checked when read)."""
-    if isinstance(spec, str) and spec.startswith("builtin:"):
-        try:
-            resolve_suite(spec)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-    return spec
-
-
-SuiteSpec = Annotated[str, AfterValidator(_check_spec)]
-"""A config's `tasks.spec`: `builtin:NAME` is checked against `SUITES` when the config is built."""
-
-
 def family_class(name: str) -> type[Task]:
     """The Task class of family `name`; an unknown one is a ConfigError listing them."""
     cls: type[Task] = FAMILIES.load(name)
@@ -110,6 +94,11 @@ def resolve_suite(spec: str) -> tuple[Path, str | None, dict[str, Any]]:
         suite: Suite = SUITES.load(name)
         return suite.path, suite.family, dict(suite.defaults)
     return Path(spec), None, {}
+
+
+SuiteSpec = SUITES.field_type(resolve_suite)
+"""A config's `tasks.spec`: `builtin:NAME` is checked against `SUITES` when the config is built (a
+file is checked when it is read)."""
 
 
 def load_tasks(
