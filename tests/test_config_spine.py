@@ -82,3 +82,20 @@ def test_the_sandbox_section_is_parsed_once_and_travels_typed() -> None:
     assert as_written(again) == dumped and again == cfg.sandbox
     image = build_config(None, ["sandbox.type=container", "sandbox.image=x:1"]).sandbox
     assert isinstance(image, ContainerConfig) and as_written(image) == {"type": "container", "image": "x:1"}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("runner.backend=k8s", r"runner\.backend: .*unknown runner backend 'k8s'; known: local, ray"),
+        (
+            "tasks.spec=builtin:nope",
+            r"tasks\.spec: .*unknown bundled suite 'builtin:nope'; known: builtin:starter",
+        ),
+    ],
+)
+def test_runner_backend_and_bundled_suite_are_checked_against_their_tables(override, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(overrides=[override])
+    assert build_train_config(overrides=["tasks.spec=toy"]).tasks.spec == "toy"
+    assert build_config().runner.backend == "local" and build_config().tasks.spec == "builtin:starter"

@@ -37,7 +37,7 @@ except ImportError:  # the suite's skip policy, where conftest does not provide 
 
 pytestmark = needs_bwrap
 
-STARTER = Path(SUITES["starter"]["file"])
+STARTER = SUITES.load("starter").path
 TASK_ID = "textkit-001"
 # A starter row's command, and a SWE-bench-style one that lets pytest load installed plugins.
 AUTOLOAD_CMD = "python -m pytest -rA -p no:cacheprovider tests"

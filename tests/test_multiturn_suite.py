@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +32,7 @@ SUITE_FILES = {"lookup": ("chain", 3), "lookup-easy": ("easy", 2)}
 def test_bundled_suite_is_what_generate_rows_makes(suite: str) -> None:
     """The bundled files are `generate_rows` output (regenerate with `write_suite`, never by hand)."""
     variant, _ = SUITE_FILES[suite]
-    rows = [json.loads(line) for line in Path(SUITES[suite]["file"]).read_text().splitlines()]
+    rows = [json.loads(line) for line in SUITES.load(suite).path.read_text().splitlines()]
     assert rows == generate_rows(variant)
     tasks = load_tasks(f"builtin:{suite}")
     assert len(tasks) == 64 and all(isinstance(t, LookupTask) for t in tasks)

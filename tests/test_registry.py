@@ -105,8 +105,9 @@ def _tables() -> dict[str, Registry]:
     from uniagent.gateway.wire import WIRES
     from uniagent.models.registry import ENGINES
     from uniagent.parsers.registry import PARSERS
+    from uniagent.runner.config import RUN_BACKENDS
     from uniagent.sandbox.registry import BACKENDS
-    from uniagent.tasks.registry import FAMILIES
+    from uniagent.tasks.registry import FAMILIES, SUITES
     from uniagent.tools.registry import TOOLS
 
     return {
@@ -118,6 +119,8 @@ def _tables() -> dict[str, Registry]:
         "families": FAMILIES,
         "policies": POLICIES,
         "wires": WIRES,
+        "run backends": RUN_BACKENDS,
+        "suites": SUITES,
         "integrations": INTEGRATIONS,
     }
 

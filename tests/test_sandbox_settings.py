@@ -198,3 +198,18 @@ def test_start_slots_work_on_every_event_loop(one_slot: None, tmp_path) -> None:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         for _ in range(2):
             assert pool.submit(asyncio.run, contended_starts()).result(60) == ["ok\n"] * 3
+
+
+def test_limits_are_rendered_once_for_every_backend() -> None:
+    """bwrap's prlimit/setrlimit, docker's --ulimit, apptainer's and Modal's `ulimit` lines and the
+    cgroup flags all come from `Limits`, so the backends cannot drift apart."""
+    from uniagent.sandbox.settings import Limits
+
+    lim = Limits(memory_mb=100, pids=9, cpus=1.5, open_files=64, file_size_mb=2, cpu_time_s=5)
+    assert lim.rlimits() == {"nofile": 64, "fsize": 2 << 20, "cpu": 5}
+    assert lim.rlimits(address_space=True)["as"] == 100 << 20
+    assert lim.ulimit_lines() == ["ulimit -n 64", "ulimit -f 2048", "ulimit -t 5"]
+    assert lim.cgroup_flags(mb_suffix="M") == ["--memory", "100M", "--pids-limit", "9", "--cpus", "1.5"]
+    assert lim.cgroup_flags(no_swap=True)[:4] == ["--memory", "100m", "--memory-swap", "100m"]
+    bare = Limits(memory_mb=None, pids=None, open_files=None, file_size_mb=None)
+    assert bare.rlimits(address_space=True) == {} and bare.ulimit_lines() == [] and bare.cgroup_flags() == []

@@ -16,6 +16,7 @@ from uniagent import __version__
 from uniagent.agent.registry import AGENTS
 from uniagent.errors import RunInterruptedError, UniAgentError
 from uniagent.models.registry import kinds_help
+from uniagent.runner.config import RUN_BACKENDS
 from uniagent.sandbox.registry import BACKENDS
 
 app = typer.Typer(
@@ -91,9 +92,10 @@ def tasks_list() -> None:
     table = Table(title="bundled task suites")
     for col in ("suite", "family", "tasks", "description"):
         table.add_column(col)
-    for name, suite in SUITES.items():
-        n = len(load_rows(suite["file"])) if suite["file"].exists() else 0
-        table.add_row(f"builtin:{name}", suite["family"], str(n), suite["description"])
+    for name, entry in SUITES.items():
+        suite = SUITES.load(name)
+        n = len(load_rows(suite.path)) if suite.path.exists() else 0
+        table.add_row(f"builtin:{name}", suite.family, str(n), entry.help)
     console.print(table)
 
 
@@ -189,7 +191,7 @@ def run(
     output: Path | None = typer.Option(None, help="run directory (store, exports)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --output"),
     agent: str | None = typer.Option(None, help=AGENTS.choices()),
-    backend: str | None = typer.Option(None, help="local | ray"),
+    backend: str | None = typer.Option(None, help=RUN_BACKENDS.choices()),
     ray_address: str | None = typer.Option(None, help="Ray cluster address (backend ray)"),
     config: Path | None = typer.Option(None, "--config", help="a YAML run config"),
     set_: list[str] = typer.Option([], "--set", help="dotted override, e.g. model.temperature=0.7"),

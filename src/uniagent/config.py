@@ -15,7 +15,7 @@ the move, not pydantic's "extra inputs are not permitted").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -54,7 +54,13 @@ def check_renamed(model: type[BaseModel], data: dict[str, Any]) -> None:
             raise ConfigError(f"{old} is now {new}: set {new} instead")
 
 
-def first_error(exc: ValidationError, skip: int = 0, where: str = "") -> str:
+class HasErrors(Protocol):
+    """pydantic's `ValidationError` and what wraps one (FastAPI's `RequestValidationError`)."""
+
+    def errors(self) -> Any: ...
+
+
+def first_error(exc: ValidationError | HasErrors, skip: int = 0, where: str = "") -> str:
     """`KEY.PATH: message` of pydantic's first error, `skip` leading location parts dropped (a
     union's tag is not a key the user wrote); `where` names an error with no location left."""
     err = exc.errors()[0]

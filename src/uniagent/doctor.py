@@ -2,8 +2,9 @@
 
 Each part checks itself, and doctor finds the checks in the extension tables (each a
 `uniagent.registry.Registry`), never in a list of its own: every line of a table that carries a
-doctor check (each sandbox backend of `sandbox.registry.BACKENDS`, the harness agents of
-`agent.registry.AGENTS`, the integrations of `INTEGRATIONS` below) names an `async def
+doctor check (each sandbox backend of `sandbox.registry.BACKENDS`, the runner backends of
+`runner.config.RUN_BACKENDS`, the harness agents of `agent.registry.AGENTS`, the integrations of
+`INTEGRATIONS` below) names an `async def
 doctor_check() -> list[(name, ok, detail)]` beside its code, and each engine kind of the model
 registry has its `KIND.doctor`; each starts the real thing (a sandbox that runs a command, a model that
 generates a token, a daemon or an endpoint that answers). This module only finds those
@@ -38,9 +39,6 @@ INTEGRATIONS = Registry(
     "integration",
     {
         "verl": Entry("uniagent.integrations.verl", "verl training", doctor="uniagent.integrations.verl"),
-        "ray": Entry(
-            "uniagent.runner.ray_backend", "the Ray runner backend", doctor="uniagent.runner.ray_backend"
-        ),
     },
 )
 
@@ -49,10 +47,12 @@ def table_checks() -> list[tuple[str, str, bool]]:
     """(row name when the check cannot run, `"module:func"`, required) of every table line with a
     doctor check: sandbox backends (the default one required), integrations, harness agents."""
     from uniagent.agent.registry import AGENTS
+    from uniagent.runner.config import RUN_BACKENDS
     from uniagent.sandbox.registry import BACKENDS
 
     out = [(f"sandbox {n}", ref, n == DEFAULT_SANDBOX) for n, ref in BACKENDS.doctor_checks()]
     out += [(n, ref, False) for n, ref in INTEGRATIONS.doctor_checks()]
+    out += [(n, ref, False) for n, ref in RUN_BACKENDS.doctor_checks()]
     out += [(f"agent {n}", ref, False) for n, ref in AGENTS.doctor_checks()]
     return out
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from uniagent.errors import ConfigError, UniAgentError
 
@@ -155,6 +157,23 @@ class Registry(MutableMapping[str, Entry]):
                 ref = entry.doctor if ":" in entry.doctor else f"{entry.doctor}:doctor_check"
                 out.append((name, ref))
         return out
+
+    def field_type(self, check: Callable[[str], Any] | None = None) -> Any:
+        """A config field's type naming a line of this table: `Annotated[str, AfterValidator]`,
+        checked when the config is built, so a wrong name is an error at its key (`agent.kind: ...
+        unknown agent kind ...; known: ...`). `check` (default: `entry`) raises the table's error
+        for a bad value; one place turns it into the `ValueError` pydantic reports."""
+        test = check or self.entry
+
+        def validate(value: Any) -> Any:
+            if isinstance(value, str):
+                try:
+                    test(value)
+                except UniAgentError as exc:
+                    raise ValueError(str(exc)) from None
+            return value
+
+        return Annotated[str, AfterValidator(validate)]
 
     def choices(self, sep: str = " | ") -> str:
         """The names with their one-line descriptions, for a CLI option's help."""

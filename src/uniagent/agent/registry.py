@@ -15,11 +15,6 @@ imports both.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from pydantic import AfterValidator
-
-from uniagent.errors import ConfigError
 from uniagent.registry import Entry, Registry
 
 # One line per agent kind.
@@ -53,14 +48,5 @@ def split_kind(kind: str) -> tuple[str, str | None]:
     return name, arg or None
 
 
-def _check_kind(kind: Any) -> Any:
-    if isinstance(kind, str):
-        try:
-            split_kind(kind)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-    return kind
-
-
-AgentKind = Annotated[str, AfterValidator(_check_kind)]
+AgentKind = AGENTS.field_type(split_kind)
 """A config field naming an agent kind, checked against the registry when the config is built."""

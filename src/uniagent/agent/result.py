@@ -46,11 +46,6 @@ class ExitReason(StrEnum):
     def trainable(self) -> bool:
         return self in _TRAINABLE
 
-    @property
-    def policy_caused(self) -> bool:
-        """The same set: what the policy caused is what it may learn from."""
-        return self.trainable
-
 
 _TRAINABLE = frozenset(
     {

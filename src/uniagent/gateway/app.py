@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from uniagent.config import first_error
 from uniagent.errors import UniAgentError
 from uniagent.models.base import TokenEngine
 from uniagent.redact import Redactor, redact_logs
@@ -152,9 +153,7 @@ class Gateway:
 
         @app.exception_handler(RequestValidationError)
         async def validation_error(request: Request, exc: RequestValidationError):
-            first = exc.errors()[0] if exc.errors() else {}
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            message = f"invalid request: {where}: {first.get('msg', 'malformed')}"
+            message = f"invalid request: {first_error(exc) if exc.errors() else 'malformed'}"
             return _error(request.url.path, GatewayError(message))
 
         @app.exception_handler(StarletteHTTPException)
@@ -179,9 +178,7 @@ class Gateway:
             try:
                 config = SessionConfig.model_validate(body)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise GatewayError(f"invalid session config: {where}: {first['msg']}") from None
+                raise GatewayError(f"invalid session config: {first_error(exc)}") from None
             session = self.sessions.create(config)
             base = str(request.base_url).rstrip("/")
             return JSONResponse(

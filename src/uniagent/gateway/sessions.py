@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.errors import UniAgentError
 from uniagent.models.base import Generation, SamplingParams
-from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, call_id
+from uniagent.parsers.base import ToolCall, ToolFormatError, ToolParser, call_id, decode_arguments
 from uniagent.parsers.prompt import inject_tools
 from uniagent.parsers.registry import get_parser
 from uniagent.tokens import ChatCodec, Segment, TokenConversation, Trajectory
@@ -110,12 +110,12 @@ def content_text(content: Any) -> str:
 
 
 def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return raw
-    return raw
+    """A client's call arguments read as the parsers read a reply's (`decode_arguments`); a
+    string that is not JSON is kept as sent, so the history still matches what the client holds."""
+    try:
+        return decode_arguments(raw)
+    except ValueError:
+        return raw
 
 
 def clean_message(message: Any, index: int) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from uniagent.agent.base import AgentBase, Episode
 from uniagent.agent.result import EpisodeResult, ExitReason
+from uniagent.config import first_error
 from uniagent.errors import ConfigError, SandboxDeadError, SandboxError
 from uniagent.gateway.app import Gateway
 from uniagent.gateway.server import InProcessServer
@@ -193,7 +194,6 @@ class CliAgent(AgentBase):
 
     def __init__(self, config: str | None = None) -> None:
         self.kind = f"{self.name}:{config}" if config else self.name
-        self.config_arg = config
         self.cli, self.flags = cli_config(self.name, config, self.presets)
         self.gateway: Gateway | None = None
         self.install: Path | None = None
@@ -392,7 +392,7 @@ def cli_config(agent: str, arg: str | None, presets: dict[str, list[str]]) -> tu
         try:
             config = CliConfig.model_validate(yaml.safe_load(path.read_text()) or {})
         except ValidationError as exc:
-            raise ConfigError(f"agent kind {agent}:{arg}: {exc.errors()[0]['msg']}") from None
+            raise ConfigError(f"agent kind {agent}:{arg}: {first_error(exc, where='config')}") from None
     else:
         config = CliConfig(preset=arg or "trimmed")
     if config.preset not in presets:

@@ -8,20 +8,44 @@ names it, never a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.agent.config import AgentConfig
 from uniagent.config import build
 from uniagent.models.config import ModelConfig
+from uniagent.registry import Entry, Registry
 from uniagent.sandbox.config import SandboxSection, default_section
+from uniagent.tasks.registry import SuiteSpec
+
+# One line per runner backend (`runner.backend`): where a run's pending episodes execute. `local`
+# is the Runner's own loop; any other line names `async def run_on_X(config, todo, on_result,
+# stopped)` (runner/ray_backend.py's `run_on_ray` is the shape).
+RUN_BACKENDS = Registry(
+    "runner backend",
+    {
+        "local": Entry("uniagent.runner.run:Runner", "episodes in this process, runner.concurrency at once"),
+        "ray": Entry(
+            "uniagent.runner.ray_backend:run_on_ray",
+            "Ray actors, on a cluster at runner.ray_address",
+            doctor="uniagent.runner.ray_backend",
+            install="pip install ray",
+        ),
+    },
+)
+
+
+RunBackend = RUN_BACKENDS.field_type()
+"""`runner.backend`, checked against `RUN_BACKENDS` when the config is built."""
 
 
 class TasksConfig(BaseModel):
+    """Which tasks a run (and, with another default, training: `TrainTasksConfig`) takes."""
+
     model_config = ConfigDict(extra="forbid")
 
-    spec: str = Field("builtin:starter", description="builtin:NAME or a task file")
+    spec: SuiteSpec = Field("builtin:starter", description="builtin:NAME or a task file")
     family: str | None = None
     limit: int | None = Field(None, ge=1)
     ids: list[str] | None = None
@@ -36,7 +60,7 @@ class RunnerConfig(BaseModel):
     sandbox_start_concurrency: int = Field(
         16, ge=1, description="sandbox starts at once (a local one takes ~0.1 s; 4 queued 1,000 for minutes)"
     )
-    backend: Literal["local", "ray"] = "local"
+    backend: RunBackend = Field("local", description=RUN_BACKENDS.choices())
     ray_address: str | None = Field(None, description="ray cluster address; unset: start a local one")
     ray_actors: int | None = Field(
         None, ge=1, description="Ray actors hosting episodes, spread over nodes; unset: min(concurrency, 8)"

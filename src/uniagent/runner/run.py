@@ -23,7 +23,7 @@ import yaml
 
 from uniagent.agent.result import ExitReason
 from uniagent.errors import ConfigError, RunInterruptedError, RunStoppedError
-from uniagent.runner.config import RunConfig
+from uniagent.runner.config import RUN_BACKENDS, RunConfig
 from uniagent.runner.guard import InfraGuard
 from uniagent.runner.interrupt import Stopper
 from uniagent.runner.pidfd import use_pidfd_child_watcher
@@ -157,10 +157,9 @@ class Runner:
             started = time.monotonic()
             prior = float(store.meta("wall_s", 0.0) or 0.0)
             try:
-                if todo and cfg.runner.backend == "ray":
-                    from uniagent.runner.ray_backend import run_on_ray
-
-                    await run_on_ray(
+                if todo and cfg.runner.backend != "local":  # another line of RUN_BACKENDS runs them
+                    run_on = RUN_BACKENDS.load(cfg.runner.backend)
+                    await run_on(
                         cfg, todo, lambda t, s, r: self._record(store, t, s, r), lambda: bool(self.stopped)
                     )
                 elif todo:

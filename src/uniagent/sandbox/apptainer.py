@@ -59,14 +59,7 @@ class ApptainerSandbox(ContainerSandbox):
     def _preamble(self) -> str:
         """apptainer has no --ulimit: every session sets the rlimits itself before any command."""
         base = super()._preamble()
-        lim = self.config.limits
-        lines = []
-        if lim.open_files:
-            lines.append(f"ulimit -n {lim.open_files}")
-        if lim.file_size_mb:
-            lines.append(f"ulimit -f {lim.file_size_mb * 1024}")  # bash: 1 KiB blocks
-        if lim.cpu_time_s:
-            lines.append(f"ulimit -t {lim.cpu_time_s}")
+        lines = self.config.limits.ulimit_lines()
         return "\n".join([*(f"{x} 2>/dev/null || true" for x in lines), base])
 
     async def _launch(self) -> None:
@@ -81,13 +74,7 @@ class ApptainerSandbox(ContainerSandbox):
             args += ["--net", "--network", "none"]
         if cfg.pull == "always":
             args.append("--disable-cache")
-        cgroup_flags = []
-        if lim.memory_mb:
-            cgroup_flags += ["--memory", f"{lim.memory_mb}M"]
-        if lim.pids:
-            cgroup_flags += ["--pids-limit", str(lim.pids)]
-        if lim.cpus:
-            cgroup_flags += ["--cpus", f"{lim.cpus:g}"]
+        cgroup_flags = lim.cgroup_flags(mb_suffix="M")
         for key, value in cfg.env.items():
             args.append(f"--env={key}={value}")
         args += [*cgroup_flags, *cfg.run_args, self._image_ref, self.name]

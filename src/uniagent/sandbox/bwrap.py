@@ -151,15 +151,8 @@ def launcher(
     nice = shutil.which("nice")
     if nice is not None:
         prefix += [nice, "-n", str(SANDBOX_NICE)]
-    flags: list[str] = []
-    if lim.open_files:
-        flags.append(f"--nofile={lim.open_files}")
-    if lim.file_size_mb:
-        flags.append(f"--fsize={lim.file_size_mb << 20}")
-    if lim.cpu_time_s:
-        flags.append(f"--cpu={lim.cpu_time_s}")
-    if lim.memory_mb and cgroup and "memory" in cgroup.missing:
-        flags.append(f"--as={lim.memory_mb << 20}")
+    no_memcg = bool(cgroup and "memory" in cgroup.missing)
+    flags = [f"--{name}={value}" for name, value in lim.rlimits(address_space=no_memcg).items()]
     prlimit = shutil.which("prlimit")
     if not flags:
         return prefix, None
@@ -175,15 +168,11 @@ def child_setup(lim: Limits, cgroup: SandboxCgroup | None, with_cgroups: bool = 
     Only raw syscalls here (no logging, no locks): the parent may have other threads.
     """
     files = cgroup.procs_files if cgroup and with_cgroups else []
-    rl: list[tuple[int, int]] = []
-    if lim.open_files:
-        rl.append((resource.RLIMIT_NOFILE, lim.open_files))
-    if lim.file_size_mb:
-        rl.append((resource.RLIMIT_FSIZE, lim.file_size_mb << 20))
-    if lim.cpu_time_s:
-        rl.append((resource.RLIMIT_CPU, lim.cpu_time_s))
-    if lim.memory_mb and cgroup and "memory" in cgroup.missing:
-        rl.append((resource.RLIMIT_AS, lim.memory_mb << 20))
+    no_memcg = bool(cgroup and "memory" in cgroup.missing)
+    rl = [
+        (getattr(resource, f"RLIMIT_{name.upper()}"), value)
+        for name, value in lim.rlimits(address_space=no_memcg).items()
+    ]
 
     def setup() -> None:
         pid = str(os.getpid()).encode()

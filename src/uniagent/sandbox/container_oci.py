@@ -147,19 +147,11 @@ class OciSandbox(ContainerSandbox):
         ]  # fmt: skip
         if not cfg.network:
             args += ["--network", "none"]
-        if lim.memory_mb:
-            # swap equal to memory: the limit is real, not "memory + as much swap again"
-            args += ["--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m"]
-        if lim.pids:
-            args += ["--pids-limit", str(lim.pids)]
-        if lim.cpus:
-            args += ["--cpus", f"{lim.cpus:g}"]
-        if lim.cpu_time_s:
-            args += ["--ulimit", f"cpu={lim.cpu_time_s}:{lim.cpu_time_s}"]
-        if lim.file_size_mb:
-            size = lim.file_size_mb * 1024 * 1024
-            args += ["--ulimit", f"fsize={size}:{size}"]
-        nofile = lim.open_files
+        args += lim.cgroup_flags(no_swap=True)
+        rlimits = lim.rlimits()
+        nofile = rlimits.pop("nofile", None)
+        for name, value in rlimits.items():
+            args += ["--ulimit", f"{name}={value}:{value}"]
         if self.runtime == "podman":
             # podman's defaults raise nofile and nproc to about a million; without
             # CAP_SYS_RESOURCE (nested containers, CI runners) runc then fails with EPERM.

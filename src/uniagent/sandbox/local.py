@@ -27,6 +27,7 @@ import signal
 from pathlib import Path
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
+from uniagent.jsonio import atomic_path
 from uniagent.sandbox import procs
 from uniagent.sandbox.bwrap import (
     CONTROL_MOUNT,
@@ -326,14 +327,12 @@ class LocalSandbox(PipeShellSandbox):
 
         def write() -> None:
             assert host is not None
-            host.parent.mkdir(parents=True, exist_ok=True)
-            tmp = host.with_name(f".{host.name}.ua-{secrets.token_hex(4)}")
-            tmp.write_bytes(raw)
-            if mode is not None:
-                tmp.chmod(mode)
-            elif host.exists():
-                tmp.chmod(host.stat().st_mode & 0o7777)
-            os.replace(tmp, host)
+            with atomic_path(host) as tmp:
+                tmp.write_bytes(raw)
+                if mode is not None:
+                    tmp.chmod(mode)
+                elif host.exists():
+                    tmp.chmod(host.stat().st_mode & 0o7777)
 
         await asyncio.to_thread(write)
 

@@ -284,14 +284,7 @@ class ModalSandbox(PipeShellSandbox):
 
     def _preamble(self) -> str:
         """Limits Modal does not offer become shell rlimits of the session (and so of every command)."""
-        lim = self.config.limits
-        lines = []
-        if lim.open_files:
-            lines.append(f"ulimit -n {lim.open_files}")
-        if lim.file_size_mb:
-            lines.append(f"ulimit -f {lim.file_size_mb * 1024}")
-        if lim.cpu_time_s:
-            lines.append(f"ulimit -t {lim.cpu_time_s}")
+        lines = self.config.limits.ulimit_lines()
         return "\n".join([*(f"{x} 2>/dev/null" for x in lines), super()._preamble()])
 
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:

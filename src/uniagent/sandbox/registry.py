@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from uniagent.registry import Entry, Registry
 from uniagent.sandbox.settings import SandboxConfig
@@ -98,11 +98,6 @@ def deploy_config() -> Any:
 @functools.cache
 def _union(configs: tuple[type[SandboxConfig], ...]) -> Any:
     return Annotated[Union[configs], Field(discriminator="type")]  # noqa: UP007  (built from the table)
-
-
-def adapter() -> TypeAdapter[Any]:
-    """The validator of the union of every backend registered now."""
-    return TypeAdapter(deploy_config())
 
 
 def __getattr__(name: str) -> Any:

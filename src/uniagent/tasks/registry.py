@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,29 +25,44 @@ FAMILIES = Registry(
 )
 
 BUILTIN = Path(__file__).parent / "builtin"
-SUITES: dict[str, dict[str, Any]] = {
-    "starter": {
-        "file": BUILTIN / "starter" / "tasks.jsonl",
-        "family": "swe",
-        "description": "small Python packages with real bugs; hidden tests fail before the fix",
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A bundled task suite: its rows file (under tasks/builtin/), the family of its rows, and
+    fields every row gets unless it has its own."""
+
+    file: str
+    family: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return BUILTIN / self.file
+
+
+# One line per bundled suite (`--tasks builtin:NAME`): its rows file plus its one-line description.
+SUITES = Registry(
+    "bundled suite",
+    {
+        "starter": Entry(
+            Suite("starter/tasks.jsonl", "swe"),
+            "small Python packages with real bugs; hidden tests fail before the fix",
+        ),
+        "search": Entry(
+            Suite("search_qa/questions.jsonl", "search", {"corpus": "corpus.jsonl"}),
+            "questions about an invented archipelago, answered by searching its corpus",
+        ),
+        "lookup": Entry(
+            Suite("lookup/chain.jsonl", "lookup"),
+            "RL: cat note.txt, cat the file it names, finish with its random code (3 tool turns)",
+        ),
+        "lookup-easy": Entry(
+            Suite("lookup/easy.jsonl", "lookup"),
+            "RL, short: read the named file, then finish with its random code (2 tool turns)",
+        ),
     },
-    "search": {
-        "file": BUILTIN / "search_qa" / "questions.jsonl",
-        "family": "search",
-        "defaults": {"corpus": "corpus.jsonl"},
-        "description": "questions about an invented archipelago, answered by searching its corpus",
-    },
-    "lookup": {
-        "file": BUILTIN / "lookup" / "chain.jsonl",
-        "family": "lookup",
-        "description": "RL: cat note.txt, cat the file it names, finish with its random code (3 tool turns)",
-    },
-    "lookup-easy": {
-        "file": BUILTIN / "lookup" / "easy.jsonl",
-        "family": "lookup",
-        "description": "RL, short: read the named file, then finish with its random code (2 tool turns)",
-    },
-}
+)
 
 
 def family_class(name: str) -> type[Task]:
@@ -73,13 +89,16 @@ def detect_family(row: dict[str, Any]) -> str:
 def resolve_suite(spec: str) -> tuple[Path, str | None, dict[str, Any]]:
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
-        suite = SUITES.get(name)
-        if suite is None:
-            raise ConfigError(
-                f"unknown bundled suite {spec!r}; bundled: {', '.join('builtin:' + s for s in SUITES)}"
-            )
-        return Path(suite["file"]), suite.get("family"), dict(suite.get("defaults", {}))
+        if name not in SUITES:
+            raise SUITES.unknown(spec, ", ".join("builtin:" + s for s in SUITES))
+        suite: Suite = SUITES.load(name)
+        return suite.path, suite.family, dict(suite.defaults)
     return Path(spec), None, {}
+
+
+SuiteSpec = SUITES.field_type(resolve_suite)
+"""A config's `tasks.spec`: `builtin:NAME` is checked against `SUITES` when the config is built (a
+file is checked when it is read)."""
 
 
 def load_tasks(

@@ -18,7 +18,9 @@ from uniagent.errors import ConfigError
 from uniagent.models.config import ModelConfig
 from uniagent.models.factory import local_weights
 from uniagent.models.registry import ENGINES
+from uniagent.runner.config import TasksConfig
 from uniagent.sandbox.config import SandboxSection, default_section
+from uniagent.tasks.registry import SuiteSpec
 
 
 def trainable_model(model: ModelConfig) -> ModelConfig:
@@ -65,13 +67,11 @@ def _bare_path_is_local(data: Any) -> Any:
     return data
 
 
-class TrainTasksConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TrainTasksConfig(TasksConfig):
+    """The run's task section, with the toy tasks as the default: a first `uniagent train` needs
+    no dataset."""
 
-    spec: str = Field("toy", description="toy | toy:FILE | builtin:NAME | a task file")
-    family: str | None = None
-    limit: int | None = Field(None, ge=1)
-    ids: list[str] | None = None
+    spec: SuiteSpec = Field("toy", description="toy | toy:FILE | builtin:NAME | a task file")
 
 
 def algo_name(key: str, name: str) -> str:
