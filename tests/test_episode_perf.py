@@ -291,13 +291,20 @@ def test_pidfd_watcher_takes_the_exit_code_from_popen_when_popen_reaped_it() -> 
     import subprocess
 
     script = """
-import asyncio, logging, time, warnings
+import asyncio, logging, os, warnings
 from uniagent.runner.pidfd import LoopPidfdWatcher
 logging.basicConfig(level=logging.WARNING)
 
 async def main():
-    proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
-    time.sleep(0.3)  # exits meanwhile; the loop has not run the watcher yet
+    # The child exits only when told: one that exits while the subprocess is being set up is
+    # reaped by the watcher (the loop runs then), and the case below never arises.
+    r, w = os.pipe()
+    proc = await asyncio.create_subprocess_exec("sh", "-c", "read x; exit 3", stdin=r)
+    os.close(r)
+    os.write(w, b"go\\n")
+    os.close(w)
+    # block the loop (the watcher cannot run) until the child has exited, leaving it unreaped
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     assert proc._transport._proc.poll() == 3  # the Popen reaps it
     return await proc.wait()
 
