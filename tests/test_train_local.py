@@ -418,7 +418,10 @@ def test_episode_that_echoes_a_secret_is_redacted_and_not_trained_on(trainer, mo
 
     secret, token = "sk-uniagent-train-0a1b2c3d4e5f", "hf_uniagent_sandbox_77aa88bb"
     monkeypatch.setenv("UNIAGENT_TEST_API_KEY", secret)
-    cfg = trainer.cfg.model_copy(update={"sandbox": {"type": "local", "env": {"HF_TOKEN": token}}})
+    from uniagent.sandbox.config import parse_config
+
+    sandbox = parse_config({"type": "local", "env": {"HF_TOKEN": token}})  # typed, as a load makes it
+    cfg = trainer.cfg.model_copy(update={"sandbox": sandbox})
     monkeypatch.setattr(trainer, "cfg", cfg)
     task = load_toy_tasks(limit=1)[0]
     text = f"Using {secret} and {token}. " + call("finish", answer=task.answer)
