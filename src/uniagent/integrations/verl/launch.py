@@ -7,10 +7,10 @@ the printed command run exactly the same thing.
 
 Placeholders in overrides: `{agent_loop}` is this package's agent-loop YAML, `{python}` the current
 interpreter, `{smollm2_hf}` / `{smollm2_tokenizer}` the packaged SmolLM2 as Hugging Face directories
-(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`), and any key of the recipe's `vars:` (e.g. `{data_dir}`, `{model}`). User overrides
-replace the recipe's override for the same key (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike),
-so a recipe is a starting point, never a cage; `vars` are set with `VAR@=value`, e.g.
-`model@=Qwen/Qwen3-8B`.
+(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`), and any key of the recipe's
+`vars:` (e.g. `{data_dir}`, `{model}`). User overrides replace the recipe's override for the same key
+(`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike), so a recipe is a starting point, never a cage;
+`vars` are set with `VAR@=value`, e.g. `model@=Qwen/Qwen3-8B`.
 
 Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
 (`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt

@@ -47,7 +47,8 @@ def _register_fsdp_engines() -> None:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     engines = EngineRegistry._engines
-    for model_type, engine_cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+    pairs = (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead))
+    for model_type, engine_cls in pairs:
         backends = [b for b in ("fsdp", "fsdp2") if "cpu" not in engines.get(model_type, {}).get(b, {})]
         if backends:
             EngineRegistry.register(model_type=model_type, backend=backends, device="cpu")(engine_cls)

@@ -24,6 +24,7 @@ agent-loop workers, the checkpoint-engine manager) drives it unchanged:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -54,8 +55,8 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     if callable(getter):
         try:
             return getter(key, default)
-        except Exception:  # noqa: BLE001 - dataclasses' .get may not take a default
-            pass
+        except Exception:
+            pass  # a dataclass' .get may not take a default
     return getattr(config, key, default)
 
 
@@ -72,9 +73,20 @@ class LocalRolloutServer:
         self.prompt_length = int(_get(config, "prompt_length", 1024))
         self.response_length = int(_get(config, "response_length", 1024))
         self.max_model_len = int(_get(config, "max_model_len") or self.prompt_length + self.response_length)
-        options = {"max_batch_size": max(int(_get(config, "max_num_seqs", 16) or 16), 1), **engine_options}
-        options.setdefault("memory_budget_bytes", 2 << 30)
+        # verl recomputes old logprobs from logits / rollout.temperature, and its vLLM servers report
+        # that distribution's logprobs (logprobs_mode="processed_logprobs"): the engine must too.
+        mode = str(_get(config, "logprobs_mode", "processed_logprobs") or "processed_logprobs")
+        options: dict[str, Any] = {
+            "max_batch_size": max(int(_get(config, "max_num_seqs", 16) or 16), 1),
+            "memory_budget_bytes": 2 << 30,
+            "logprobs_mode": "raw" if mode.startswith("raw") else "scaled",
+            **dict(_get(_get(config, "engine_kwargs", {}) or {}, ROLLOUT_NAME, {}) or {}),
+            **engine_options,
+        }
         self.engine = LocalEngine(ModelSource(str(path)), max_model_len=self.max_model_len, **options)
+        custom = _get(config, "custom", None) or {}
+        self.events_path = _get(custom, "uniagent_local_events", None)
+        self._event("start", pid=os.getpid(), logprobs_mode=options["logprobs_mode"], **self._fingerprint())
         self.global_steps: int | None = None
         self.updates: list[dict[str, Any]] = []
         self.requests = 0
@@ -127,7 +139,8 @@ class LocalRolloutServer:
             ids.append(int(token_id))
             logprobs.append(float(logprob))
 
-        task = asyncio.ensure_future(self.engine.generate(prompt_ids, sampling, request_id, on_token=on_token))
+        coro = self.engine.generate(prompt_ids, sampling, request_id, on_token=on_token)
+        task = asyncio.ensure_future(coro)
         self._inflight[request_id] = task
         try:
             generation = await task
@@ -176,11 +189,28 @@ class LocalRolloutServer:
         self.global_steps = global_steps
         record = {**info, "tensors": len(state), "seconds": time.perf_counter() - start}
         self.updates.append(record)
+        self._event("update", global_steps=global_steps, **record, **self._fingerprint())
         log.info("uniagent_local: weights updated to version %s (%d tensors)", version, len(state))
         return record
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """The served version and a checksum of every weight: a cheap 'did the weights change' probe."""
+        with torch.no_grad():
+            total = sum(float(p.double().sum()) for p in self.engine.model.parameters())
+        return {"version": self.engine.version, "weight_sum": total}
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Append one JSON line to `rollout.custom.uniagent_local_events` (when set): what a test or an
+        operator reads after the run, when the actor is gone."""
+        if not self.events_path:
+            return
+        record = {"event": kind, "time": time.time(), "requests": self.requests, **fields}
+        line = json.dumps(record, default=str)
+        with open(self.events_path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
 
     def stats(self) -> dict[str, Any]:
         """What a test checks: requests served, aborts, weight updates applied, the served version."""
@@ -240,7 +270,9 @@ class LocalRolloutReplica(RolloutReplica):
     async def launch_servers(self) -> None:
         node_id = None
         if self.workers:
-            node_id = await self.workers[0].__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())
+            node_id = await self.workers[0].__ray_call__.remote(
+                lambda _self: ray.get_runtime_context().get_node_id()
+            )
         options: dict[str, Any] = {
             "name": server_name(self.replica_rank) + self.name_suffix,
             "max_concurrency": self.max_concurrency,
@@ -302,7 +334,9 @@ class LocalServerAdapter(BaseRollout):
         **_: Any,
     ) -> dict[str, Any] | None:
         if wire_format != "named_tensors" or peft_config is not None:
-            raise NotImplementedError("uniagent_local takes full named tensors (no delta flushes, no LoRA adapters)")
+            raise NotImplementedError(
+                "uniagent_local takes full named tensors (no delta flushes, no LoRA adapters)"
+            )
         state: dict[str, torch.Tensor] = {}
         for name, tensor in weights:  # every rank drains it: full_tensor() is a collective
             if self.rollout_rank == 0:
