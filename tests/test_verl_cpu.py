@@ -12,6 +12,7 @@ between the rollout's logprobs and verl's recomputed old logprobs. Select it wit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -138,6 +139,45 @@ async def test_scaled_logprobs_are_the_temperature_distributions() -> None:
     assert torch.allclose(torch.tensor(out.logprobs), want, atol=2e-4), (out.logprobs, want.tolist())
 
 
+# -- the server actor's protocol, without Ray --------------------------------------------------------
+@pytest.mark.slow
+async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path: Path) -> None:
+    """`LocalRolloutServer` as verl's client and weight sync call it: ids + logprobs, a partial
+    rollout abort that returns the tokens so far, and a full state dict (tied `lm_head` included)."""
+    from uniagent.integrations.verl.cpu.rollout import LocalRolloutServer
+    from uniagent.models.loading import load_tokenizer, smollm2_hf_dirs, smollm2_source
+
+    events = tmp_path / "events.jsonl"
+    config = {
+        "prompt_length": 256,
+        "response_length": 64,
+        "max_num_seqs": 4,
+        "logprobs_mode": "processed_logprobs",
+        "custom": {"uniagent_local_events": str(events)},
+    }
+    server = LocalRolloutServer(config, {"path": str(smollm2_hf_dirs()[0])})
+    try:
+        ids = load_tokenizer(smollm2_source()).encode("<|im_start|>user\nCount to twenty.<|im_end|>\n")
+        params = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 8, "logprobs": True}
+        out = await server.generate(ids, dict(params), "a")
+        assert out.stop_reason == "completed" and len(out.token_ids) == len(out.log_probs) == 8
+        running = asyncio.ensure_future(server.generate(ids, {**params, "max_tokens": 60}, "b"))
+        while server.engine.stats.generated_tokens < 10:
+            await asyncio.sleep(0.01)
+        assert (await server.abort_all_requests())["request_ids"] == ["b"]
+        cut = await running
+        assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) == len(cut.log_probs) < 60
+        await server.resume_generation()
+        state = {k: v + 0.001 for k, v in server.engine.model.state_dict().items()}
+        record = await server.update_weights(state, 1)
+        assert record["version"] == 1 and record["tensors"] == len(state)
+        start, update = (json.loads(line) for line in events.read_text().splitlines())
+        assert start["logprobs_mode"] == "scaled" and update["global_steps"] == 1
+        assert update["weight_sum"] != pytest.approx(start["weight_sum"])
+    finally:
+        server.engine.close()
+
+
 # -- verl's legacy trainer, 2 GRPO steps ---------------------------------------------------------------
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?|nan|inf")
 
@@ -212,7 +252,7 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         [
             f"data_dir@={data}",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            f"actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
+            f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
             # A gradient every step, whatever the 4 episodes score: GRPO's advantage is 0 when a
             # group's rewards are equal (often, at 2 samples), and the test is about the weights moving.
             "actor_rollout_ref.actor.entropy_coeff=0.001",

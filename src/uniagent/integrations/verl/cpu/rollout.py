@@ -69,6 +69,10 @@ class LocalRolloutServer:
 
         self.config = config
         self.replica_rank = replica_rank
+        self.global_steps: int | None = None
+        self.updates: list[dict[str, Any]] = []
+        self.requests = 0
+        self.aborted = 0
         path = _get(model_config, "local_path") or _get(model_config, "path")
         self.prompt_length = int(_get(config, "prompt_length", 1024))
         self.response_length = int(_get(config, "response_length", 1024))
@@ -87,10 +91,6 @@ class LocalRolloutServer:
         custom = _get(config, "custom", None) or {}
         self.events_path = _get(custom, "uniagent_local_events", None)
         self._event("start", pid=os.getpid(), logprobs_mode=options["logprobs_mode"], **self._fingerprint())
-        self.global_steps: int | None = None
-        self.updates: list[dict[str, Any]] = []
-        self.requests = 0
-        self.aborted = 0
         self._inflight: dict[str, asyncio.Task] = {}
         self._aborting: set[str] = set()
         self._open = asyncio.Event()
@@ -189,7 +189,7 @@ class LocalRolloutServer:
         self.global_steps = global_steps
         record = {**info, "tensors": len(state), "seconds": time.perf_counter() - start}
         self.updates.append(record)
-        self._event("update", global_steps=global_steps, **record, **self._fingerprint())
+        self._event("update", **{**record, "global_steps": global_steps, **self._fingerprint()})
         log.info("uniagent_local: weights updated to version %s (%d tensors)", version, len(state))
         return record
 
