@@ -200,11 +200,13 @@ def parse_steps(text: str) -> dict[int, dict[str, float]]:
 
 
 class _RssSampler:
-    """Peak summed RSS of every process carrying this run's token (driver, Ray, workers, servers)."""
+    """Peak memory of every process carrying this run's token (driver, Ray, workers, servers), summed:
+    RSS (shared pages counted in each process) and PSS (shared pages split among their users)."""
 
     def __init__(self, token: str) -> None:
         self.token = f"{RUN_TOKEN}={token}".encode()
         self.peak_bytes = 0
+        self.peak_pss_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -222,13 +224,16 @@ class _RssSampler:
     def _run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.wait(1.0):
-            total = 0
+            rss = pss = 0
             for pid in self.pids():
                 try:
-                    total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-                except (OSError, IndexError, ValueError):
+                    rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split("\n")
+                    pss += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) * 1024
+                except (OSError, IndexError, ValueError, StopIteration):
                     continue
-            self.peak_bytes = max(self.peak_bytes, total)
+            self.peak_bytes = max(self.peak_bytes, rss)
+            self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
 
     def __enter__(self) -> _RssSampler:
         self._thread.start()
@@ -296,6 +301,7 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     summary = {
         "wall_s": round(wall, 1),
         "peak_rss_gib": round(rss.peak_bytes / 2**30, 2),
+        "peak_pss_gib": round(rss.peak_pss_bytes / 2**30, 2),
         "steps": {n: {k: m.get(k) for k in keys} for n, m in steps.items()},
         "engine": {"start": started, "updates": updates},
     }
