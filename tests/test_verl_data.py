@@ -164,6 +164,7 @@ def test_every_recipe_composes_against_verls_config() -> None:
         "swe_gspo_fully_async",
         "multiturn_grpo",
         "multiturn_grpo_fully_async",
+        "multiturn_grpo_cpu",
     } <= set(names)
     for name in names:
         command = build_command(name, [])
@@ -192,7 +193,14 @@ def test_every_recipe_composes_against_verls_config() -> None:
         compose_for(build_command("starter_grpo", ["actor_rollout_ref.rollout.not_a_verl_key=1"]))
 
 
-MAIN_PPO_RECIPES = ["multiturn_grpo", "starter_grpo", "starter_gspo", "swe_grpo", "swe_gspo"]
+MAIN_PPO_RECIPES = [
+    "multiturn_grpo",
+    "multiturn_grpo_cpu",
+    "starter_grpo",
+    "starter_gspo",
+    "swe_grpo",
+    "swe_gspo",
+]
 
 
 def test_main_ppo_recipes_run_verls_legacy_trainer(monkeypatch) -> None:

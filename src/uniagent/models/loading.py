@@ -167,5 +167,19 @@ def warm_default_model() -> str:
     return f"de-quantized SmolLM2 kept at {cached}"
 
 
+def smollm2_hf_dirs() -> tuple[Path, Path]:
+    """The packaged SmolLM2 as Hugging Face directories: (config + fp32 safetensors, tokenizer).
+
+    What a trainer that reads only HF layouts (verl's FSDP actor: `actor_rollout_ref.model.path` and
+    `.tokenizer_path`) loads; the de-quantized copies are filled once if missing."""
+    source = smollm2_source()
+    model_dir, tokenizer_dir = dequantized_dir(source, "float32"), dequantized_dir(source, "tokenizer")
+    if model_dir is None or tokenizer_dir is None:
+        raise ModelNotFoundError("the de-quantized SmolLM2 copy is off (UNIAGENT_DEQUANT_CACHE=0)")
+    if not (model_dir / "config.json").is_file() or not (tokenizer_dir / "tokenizer_config.json").is_file():
+        warm_default_model()
+    return model_dir, tokenizer_dir
+
+
 if __name__ == "__main__":
     print(warm_default_model())

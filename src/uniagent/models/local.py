@@ -74,6 +74,9 @@ class LocalEngine:
 
     `version` is the policy version the weights are (a trainer's step count); `update_weights` replaces
     the weights and the version, and every `Generation` says per token which version sampled it.
+
+    `logprobs_mode` "raw" (default) reports each token's temperature-1 log-softmax; "scaled" the
+    log-softmax of logits / temperature, what verl's trainer recomputes (models/local_batch.py).
     """
 
     def __init__(
@@ -92,9 +95,13 @@ class LocalEngine:
         memory_budget_bytes: int | None = None,
         version: int = 0,
         threads: int | None = None,
+        logprobs_mode: str = "raw",
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if logprobs_mode not in ("raw", "scaled"):
+            raise EngineError(f"logprobs_mode must be 'raw' or 'scaled', got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         loader: Callable[[], torch.nn.Module] | None = None
         if isinstance(model, torch.nn.Module):
             self.name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
@@ -149,6 +156,7 @@ class LocalEngine:
             prefill_tokens=self.max_prefill_tokens,
             budget_bytes=self.memory_budget_bytes,
         )
+        self._batches.scaled_logprobs = self.logprobs_mode == "scaled"
         if not self._batches.slots:
             self._prefixes.budget_bytes = 0
         if owned and self._batches.slots:

@@ -17,7 +17,11 @@ admitted rows on the model, only ever from the engine's worker thread. Why it is
   pass) and every row takes it as a reused prefix; the store keeps it as its shared entry for fresh
   requests that come later. A group of 4 samples of one task then runs ~1 turn-1 prompt, not 4.
 - The logprob of a token is the raw model log-softmax (temperature 1, before top-k/top-p) in fp32:
-  that is what a trainer recomputes with one teacher-forced pass.
+  that is what a trainer recomputes with one teacher-forced pass. Trainers that recompute with the
+  logits divided by the sampling temperature (verl: `logits / rollout.temperature`, its vLLM servers
+  run `logprobs_mode="processed_logprobs"`) get that instead from an engine built with
+  `logprobs_mode="scaled"`: log-softmax of logits / temperature (greedy rows: temperature 1), still
+  before top-k/top-p, which verl's recompute does not apply either.
 """
 
 from __future__ import annotations
@@ -186,6 +190,7 @@ class BatchRunner:
         self.prefill_tokens = prefill_tokens
         self.budget_bytes = budget_bytes
         self.plan = MemoryPlan.of(self.dims, model.config, _SPARE, kv._CHUNK) if self.dims else None
+        self.scaled_logprobs = False  # the engine's logprobs_mode == "scaled" (see the module docstring)
 
     def running(self, batch: Batch | None) -> Running | None:
         """The running batch as admission sees it (None: nothing runs, or no slot cache)."""
@@ -359,7 +364,11 @@ class BatchRunner:
     def _accept(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Pick each row's next token, record it with its raw logprob, and settle finished rows."""
         logits = logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)
+        if self.scaled_logprobs:  # the sampling distribution's own logprob (verl's "processed_logprobs")
+            temps = [r.request.sampling.temperature or 1.0 for r in rows]
+            logprobs = torch.log_softmax(logits / torch.tensor(temps, device=logits.device)[:, None], dim=-1)
+        else:
+            logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logits.argmax(dim=-1).tolist()
         for i, row in enumerate(rows):
             if row.request.sampling.temperature > 0:

@@ -1,0 +1,320 @@
+"""verl on a CPU-only machine: the plugin's registrations, and verl's real legacy trainer for 2 GRPO steps.
+
+Real parts, nothing faked: `python -m verl.trainer.main_ppo` (trainer.use_v1=False, the legacy
+`RayPPOTrainer`), a local Ray cluster, verl's FSDP2 engine over gloo on the CPU platform registered by
+`uniagent.integrations.verl.cpu`, verl's agent-loop workers running `UniAgentLoop` on the multi-turn
+lookup suite (bubblewrap sandboxes), and the `uniagent_local` rollout: a `LocalEngine` server actor
+that serves the packaged SmolLM2 and takes verl's weight sync. The end-to-end test reads verl's own
+step metrics from the console, the server's event log (`rollout.custom.uniagent_local_events`) for the
+weight updates, and, through the test-only plugin `verl_cpu_probe.py`, the per-token difference
+between the rollout's logprobs and verl's recomputed old logprobs. Select it with `-k verl_cpu`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_module
+
+verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
+
+from uniagent.integrations.verl.cpu.platform import PlatformCPU  # noqa: E402
+from uniagent.integrations.verl.cpu.rollout import (  # noqa: E402
+    ROLLOUT_NAME,
+    LocalRolloutReplica,
+    LocalServerAdapter,
+)
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+PLUGIN = "uniagent.integrations.verl.cpu"
+RUN_TOKEN = "UNIAGENT_VERL_CPU_RUN"
+
+
+def _cpu_env(*modules: str) -> dict[str, str]:
+    path = os.pathsep.join([str(SRC), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN, *modules]),
+        "VERL_PLATFORM": "cpu",
+    }
+
+
+# -- registrations ------------------------------------------------------------------------------------
+def test_registrations_resolve_through_verls_registries() -> None:
+    from verl.plugin.platform import PlatformRegistry
+    from verl.utils import distributed
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    import uniagent.integrations.verl.cpu as cpu
+
+    cpu.register()  # idempotent: importing the package registered already
+    assert PlatformRegistry.get("cpu") is PlatformCPU
+    assert get_rollout_class(ROLLOUT_NAME, "async") is LocalServerAdapter
+    assert get_rollout_replica_class(ROLLOUT_NAME) is LocalRolloutReplica
+    for backend in ("fsdp", "fsdp2"):
+        assert EngineRegistry._engines["language_model"][backend]["cpu"] is FSDPEngineWithLMHead
+    assert getattr(distributed.initialize_global_process_group_ray, "__uniagent_cpu_backend__", False)
+
+    platform = PlatformCPU()
+    assert (platform.device_name, platform.current_device(), platform.communication_backend_name()) == (
+        "cpu",
+        "cpu",
+        "gloo",
+    )
+    module = platform.device_module
+    assert module.empty_cache() is None and module.memory_allocated() == 0
+    free, total = module.mem_get_info()
+    assert 0 < free <= total
+    assert module.current_stream() is not None  # falls through to torch.cpu
+    assert not platform.is_platform_available(use_smi_check=True) or os.environ.get("VERL_PLATFORM") == "cpu"
+
+
+def test_plugin_hook_makes_a_fresh_process_a_cpu_verl() -> None:
+    """What every Ray worker does: `import verl` alone (the plugin hook) picks the CPU platform, the
+    FSDP engine resolves for it, and verl's process-group call comes up on gloo."""
+    code = r"""
+import json, os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+import verl
+from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine_workers import initialize_global_process_group_ray
+import torch.distributed as dist
+initialize_global_process_group_ray(timeout_second=None)
+print(json.dumps({
+    "device": get_device_name(), "backend": get_nccl_backend(), "pg": str(dist.get_backend()),
+    "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
+    "empty_cache": repr(get_torch_device().empty_cache()),
+}))
+"""
+    env = {**_cpu_env(), "RANK": "0", "WORLD_SIZE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "device": "cpu",
+        "backend": "gloo",
+        "pg": "cpu:gloo",
+        "engine": "FSDPEngineWithLMHead",
+        "empty_cache": "None",
+    }
+
+
+# -- the engine reports what verl recomputes ----------------------------------------------------------
+@pytest.mark.slow
+async def test_scaled_logprobs_are_the_temperature_distributions() -> None:
+    """`logprobs_mode="scaled"` (what the uniagent_local server runs for verl): each logprob is
+    log_softmax(logits / temperature) of a teacher-forced pass, verl's recompute."""
+    import torch
+
+    from uniagent.models.base import SamplingParams
+    from uniagent.models.loading import load_causal_lm, load_tokenizer, smollm2_source
+    from uniagent.models.local import LocalEngine
+
+    prompt = load_tokenizer(smollm2_source()).encode("<|im_start|>user\nName a colour.<|im_end|>\n")
+    sampling = SamplingParams(temperature=0.7, max_tokens=12, seed=3)
+    async with LocalEngine(logprobs_mode="scaled") as engine:
+        out = await engine.generate(prompt, sampling, "r")
+    model = load_causal_lm(smollm2_source())
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=2e-4), (out.logprobs, want.tolist())
+
+
+# -- the server actor's protocol, without Ray --------------------------------------------------------
+@pytest.mark.slow
+async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path: Path) -> None:
+    """`LocalRolloutServer` as verl's client and weight sync call it: ids + logprobs, a partial
+    rollout abort that returns the tokens so far, and a full state dict (tied `lm_head` included)."""
+    from uniagent.integrations.verl.cpu.rollout import LocalRolloutServer
+    from uniagent.models.loading import load_tokenizer, smollm2_hf_dirs, smollm2_source
+
+    events = tmp_path / "events.jsonl"
+    config = {
+        "prompt_length": 256,
+        "response_length": 64,
+        "max_num_seqs": 4,
+        "logprobs_mode": "processed_logprobs",
+        "custom": {"uniagent_local_events": str(events)},
+    }
+    server = LocalRolloutServer(config, {"path": str(smollm2_hf_dirs()[0])})
+    try:
+        ids = load_tokenizer(smollm2_source()).encode("<|im_start|>user\nCount to twenty.<|im_end|>\n")
+        params = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 8, "logprobs": True}
+        out = await server.generate(ids, dict(params), "a")
+        assert out.stop_reason == "completed" and len(out.token_ids) == len(out.log_probs) == 8
+        running = asyncio.ensure_future(server.generate(ids, {**params, "max_tokens": 60}, "b"))
+        while server.engine.stats.generated_tokens < 10:
+            await asyncio.sleep(0.01)
+        assert (await server.abort_all_requests())["request_ids"] == ["b"]
+        cut = await running
+        assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) == len(cut.log_probs) < 60
+        await server.resume_generation()
+        state = {k: v + 0.001 for k, v in server.engine.model.state_dict().items()}
+        record = await server.update_weights(state, 1)
+        assert record["version"] == 1 and record["tensors"] == len(state)
+        start, update = (json.loads(line) for line in events.read_text().splitlines())
+        assert start["logprobs_mode"] == "scaled" and update["global_steps"] == 1
+        assert update["weight_sum"] != pytest.approx(start["weight_sum"])
+    finally:
+        server.engine.close()
+
+
+# -- verl's legacy trainer, 2 GRPO steps ---------------------------------------------------------------
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?|nan|inf")
+
+
+def parse_steps(text: str) -> dict[int, dict[str, float]]:
+    """verl's console logger lines `step:N - key:value - ...` (values may read `np.float64(0.1)`)."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = re.search(r"step:(\d+) - (.*)$", line)
+        if not match:
+            continue
+        metrics: dict[str, float] = {}
+        for item in match.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            number = _NUMBER.search(value.split("(")[-1])
+            if number:
+                metrics[key.strip()] = float(number.group(0))
+        steps[int(match.group(1))] = metrics
+    return steps
+
+
+class _RssSampler:
+    """Peak memory of every process carrying this run's token (driver, Ray, workers, servers), summed:
+    RSS (shared pages counted in each process) and PSS (shared pages split among their users)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = f"{RUN_TOKEN}={token}".encode()
+        self.peak_bytes = 0
+        self.peak_pss_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def pids(self) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if self.token in (entry / "environ").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(1.0):
+            rss = pss = 0
+            for pid in self.pids():
+                try:
+                    rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split("\n")
+                    pss += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) * 1024
+                except (OSError, IndexError, ValueError, StopIteration):
+                    continue
+            self.peak_bytes = max(self.peak_bytes, rss)
+            self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.slow
+def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
+    from uniagent.integrations.verl.data import prepare
+    from uniagent.integrations.verl.launch import build_command
+
+    data = tmp_path / "data"
+    prepare("builtin:lookup", data, val_size=0)
+    events = tmp_path / "rollout_events.jsonl"
+    command = build_command(
+        "multiturn_grpo_cpu",
+        [
+            f"data_dir@={data}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
+            # A gradient every step, whatever the 4 episodes score: GRPO's advantage is 0 when a
+            # group's rewards are equal (often, at 2 samples), and the test is about the weights moving.
+            "actor_rollout_ref.actor.entropy_coeff=0.001",
+        ],
+    )
+    token = secrets.token_hex(6)
+    env = {**_cpu_env("verl_cpu_probe"), RUN_TOKEN: token, "OMP_NUM_THREADS": "2", "RAY_DEDUP_LOGS": "0"}
+    log_path = tmp_path / "main_ppo.log"
+    start = time.monotonic()
+    with _RssSampler(token) as rss, log_path.open("w") as log:
+        proc = subprocess.run(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200
+        )
+    wall = time.monotonic() - start
+    deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
+    while rss.pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    text = log_path.read_text(errors="replace")
+    assert proc.returncode == 0, text[-6000:]
+
+    steps = parse_steps(text)
+    assert sorted(steps) == [1, 2], sorted(steps)
+    updates = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "update"]
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "start"]
+    keys = (
+        "critic/score/mean",
+        "actor/grad_norm",
+        "actor/pg_loss",
+        "actor/entropy",
+        "response_length/mean",
+        "num_turns/mean",
+        "training/rollout_probs_diff_max",
+        "training/rollout_logprob_abs_diff_max",
+        "training/rollout_logprob_abs_diff_mean",
+        "timing_s/gen",
+        "timing_s/old_log_prob",
+        "timing_s/update_actor",
+        "timing_s/update_weights",
+        "timing_s/step",
+    )
+    summary = {
+        "wall_s": round(wall, 1),
+        "peak_rss_gib": round(rss.peak_bytes / 2**30, 2),
+        "peak_pss_gib": round(rss.peak_pss_bytes / 2**30, 2),
+        "steps": {n: {k: m.get(k) for k in keys} for n, m in steps.items()},
+        "engine": {"start": started, "updates": updates},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+    # verl trained: both steps computed a gradient and applied it
+    for metrics in steps.values():
+        assert metrics["actor/grad_norm"] > 0
+        assert metrics["training/rollout_logprob_abs_diff_max"] < 0.05  # fp32 on both sides
+    # the engine took verl's weight sync: once before step 1 (the initial sync), after each step
+    assert len(started) == 1 and [u["global_steps"] for u in updates][-2:] == [1, 2]
+    assert updates[-1]["version"] == 2 and updates[-1]["tensors"] > 0
+    assert updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
+    assert updates[-1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
+    assert updates[-1]["requests"] > 0
