@@ -72,7 +72,9 @@ def test_every_train_config_field_has_a_verl_key_or_a_reason() -> None:
     for path, knob in keys.KNOBS.items():  # no entry for a field that is gone
         assert path in leaf_paths(TrainConfig) or knob.subtree, path
         if not knob.keys:
-            assert knob.why.startswith(("local only", "none exists", "the entry point")), path
+            assert knob.why.startswith(("local only", "none exists", "the entry point", "the base recipe")), (
+                path
+            )
 
     # the negative control: a knob added to TrainConfig without a mapping is caught
     class NewTrainer(TrainerSection):
@@ -100,8 +102,10 @@ def test_every_mapped_key_exists_in_verls_config_or_the_agent_loop_settings() ->
     # and each mode's translation sets only keys its entry point has (checked by strict composition below)
 
 
-def _config(mode: str, **sets: Any) -> TrainConfig:
-    items = ["tasks.spec=builtin:starter", f"trainer.mode={mode}"] + [f"{k}={v}" for k, v in sets.items()]
+def _config(mode: str, device: str = "cuda", **sets: Any) -> TrainConfig:
+    """A local config for the GPU recipes unless `device` says cpu (model.device picks the base recipe)."""
+    items = ["tasks.spec=builtin:starter", f"trainer.mode={mode}", f"model.device={device}"]
+    items += [f"{k}={v}" for k, v in sets.items()]
     return build_train_config(None, items)
 
 
@@ -135,7 +139,10 @@ def test_a_local_config_composes_in_verl_with_every_value_converted(mode: str, t
     strictly in verl's config for that entry point and holds each converted value."""
     cfg = _config(mode, **NON_DEFAULT)
     translation = translate(cfg)
-    assert translation.entrypoint == keys.ENTRY_FOR_MODE[mode] and translation.recipe == BASE_RECIPE[mode]
+    assert (
+        translation.entrypoint == keys.ENTRY_FOR_MODE[mode]
+        and translation.recipe == BASE_RECIPE[mode, "cuda"]
+    )
     command = build_command(translation.recipe, translation.overrides)
     c = compose_for(command)
     actor, rollout = c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
@@ -219,7 +226,7 @@ def test_max_staleness_is_verls_staleness_threshold_in_versions(
     cfg = _config(
         "async", **{"trainer.max_staleness": max_staleness, "trainer.tasks_per_step": tasks_per_step}
     )
-    composed = compose_for(build_command(BASE_RECIPE["async"], translate(cfg).overrides))
+    composed = compose_for(build_command(BASE_RECIPE["async", "cuda"], translate(cfg).overrides))
     bound, pauses = _rollouter_bound(composed)
     local_bound = (max_staleness + 1) * tasks_per_step
     assert bound == local_bound
@@ -310,7 +317,7 @@ def _write_local(tmp_path: Path, mode: str = "sync") -> Path:
     path.write_text(
         yaml.safe_dump(
             {
-                "model": {"spec": "local", "temperature": 0.7},
+                "model": {"spec": "local", "temperature": 0.7, "device": "cuda"},
                 "tasks": {"spec": "builtin:starter", "limit": 4},
                 "agent": {"max_turns": 3},
                 "trainer": {"mode": mode, "steps": 5, "tasks_per_step": 2, "group_size": 4},
@@ -417,9 +424,8 @@ def test_multiturn_recipes_agree_with_the_mapping_for_the_local_configs() -> Non
         resolved = {o.split("=", 1)[0].lstrip("+"): o for o in resolve_overrides(recipe, [])}
         comments = recipe_comments(recipe["path"])
         for key, value in translation.values.items():
-            assert resolved.get(key) == override(key, value), (
-                f"{name}: {key} (from {translation.sources[key]})"
-            )
+            expected = resolve_overrides({**recipe, "overrides": [override(key, value)]}, [])[0]
+            assert resolved.get(key) == expected, f"{name}: {key} (from {translation.sources[key]})"
             named = comments.get(key)
             assert named is not None, f"{name}: {key} carries no `# local:` comment"
             path = _knob_path(named)
@@ -437,3 +443,49 @@ def _knob_path(path: str) -> str:
         if ".".join(parts[:n]) in keys.KNOBS:
             return ".".join(parts[:n])
     raise AssertionError(path)
+
+
+# -- 4. the device picks the base recipe: cpu runs verl's CPU plugin --------------------------------
+def test_train_multiturn_on_verl_picks_the_cpu_recipe_with_its_environment() -> None:
+    """`uniagent train --engine verl --config configs/train_multiturn.yaml` on its default device (cpu)
+    prints the CPU twin's command: the plugin's environment in front, the packaged SmolLM2 as Hugging
+    Face directories, the uniagent_local rollout; verl's own config composes it. `model.device=cuda`
+    gives the GPU twin (vLLM, the Hub's SmolLM2), with no environment."""
+    from uniagent.cli import app
+
+    args = ["train", "--engine", "verl", "--config", str(ROOT / "configs/train_multiturn.yaml"), "--print"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = shlex.split(result.output.strip().splitlines()[-1])
+    env = dict(item.split("=", 1) for item in printed[:3])
+    assert (
+        env["VERL_PLATFORM"] == "cpu" and "uniagent.integrations.verl.cpu" in env["VERL_USE_EXTERNAL_MODULES"]
+    )
+    assert env["OMP_NUM_THREADS"].isdigit()
+    command = printed[3:]
+    assert command[1:3] == ["-m", keys.SYNC_ENTRY]
+    c = compose_for(command)
+    assert c.actor_rollout_ref.rollout.name == "uniagent_local" and c.trainer.device == "cpu"
+    assert (Path(c.actor_rollout_ref.model.path) / "config.json").is_file()
+    assert (Path(c.actor_rollout_ref.model.tokenizer_path) / "tokenizer_config.json").is_file()
+    assert c.actor_rollout_ref.rollout.n == 4 and c.trainer.total_training_steps == 20  # the local config's
+
+    gpu = CliRunner().invoke(app, [*args, "--set", "model.device=cuda"])
+    assert gpu.exit_code == 0, gpu.output
+    command = shlex.split(gpu.output.strip().splitlines()[-1])
+    assert command[1:3] == ["-m", keys.SYNC_ENTRY] and "actor_rollout_ref.rollout.name=vllm" in command
+    assert f"actor_rollout_ref.model.path={keys.HUB_SMOLLM2}" in command
+
+
+def test_a_recipes_module_list_joins_the_callers_and_other_variables_are_the_recipes() -> None:
+    from uniagent.integrations.verl.launch import recipe_env
+
+    recipe = {
+        "env": {"VERL_USE_EXTERNAL_MODULES": "a.b", "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "{cpus}"}
+    }
+    env = recipe_env(recipe, {"VERL_USE_EXTERNAL_MODULES": "mine,a.b", "VERL_PLATFORM": "cuda"})
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "mine,a.b" and env["VERL_PLATFORM"] == "cpu"
+    assert int(env["OMP_NUM_THREADS"]) >= 1
+    assert recipe_env(recipe, {})["VERL_USE_EXTERNAL_MODULES"] == "a.b"
+    with pytest.raises(ConfigError, match=r"model\.device"):
+        build_command(str(ROOT / "configs/train_multiturn.yaml"), ["model.device=tpu"])

@@ -7,7 +7,6 @@ verl and the task families load inside the command bodies.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import typer
@@ -31,7 +30,7 @@ def train_verl(config: str | None, overrides: list[str], print_only: bool) -> No
     if config is None:
         raise UniAgentError("--engine verl needs --config RECIPE")
     if print_only:
-        typer.echo(shlex.join(str(c) for c in launch.build_command(config, list(overrides))))
+        typer.echo(launch.shell_line(config, list(overrides)))
         return
     code = launch.launch(config, list(overrides))
     if code:
@@ -104,9 +103,9 @@ def register(app: typer.Typer) -> None:
         recipe: str = typer.Argument(..., help="recipe name or YAML file"),
     ) -> None:
         """Print the exact python -m verl... command for RECIPE plus hydra overrides."""
-        from uniagent.integrations.verl.launch import build_command
+        from uniagent.integrations.verl.launch import shell_line
 
-        print(shlex.join(build_command(recipe, list(ctx.args))))
+        print(shell_line(recipe, list(ctx.args)))
 
     @verl_app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def verl_launch(
@@ -114,7 +113,7 @@ def register(app: typer.Typer) -> None:
         recipe: str = typer.Argument(..., help="recipe name or YAML file"),
     ) -> None:
         """Run RECIPE with verl (hydra overrides after the recipe); exits with verl's status."""
-        from uniagent.integrations.verl.launch import build_command, launch
+        from uniagent.integrations.verl.launch import launch, shell_line
 
-        console.print(shlex.join(build_command(recipe, list(ctx.args))), markup=False, highlight=False)
+        console.print(shell_line(recipe, list(ctx.args)), markup=False, highlight=False)
         raise typer.Exit(launch(recipe, list(ctx.args)))

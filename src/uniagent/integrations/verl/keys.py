@@ -87,9 +87,23 @@ def _is_async(cfg: TrainConfig) -> bool:
     return cfg.trainer.mode == "async"
 
 
+def verl_device(cfg: TrainConfig) -> str:
+    """Where verl trains this config: `model.device` cpu -> "cpu" (the CPU plugin, FSDP2 over gloo, a
+    LocalEngine rollout), cuda[:N] -> "cuda" (GPUs, vLLM; verl places its workers itself)."""
+    device = cfg.model.device
+    if device == "cpu" or device.startswith("cuda"):
+        return "cpu" if device == "cpu" else "cuda"
+    raise ConfigError(f"model.device {device!r}: verl trains on cpu or cuda")
+
+
 def _model_path(cfg: TrainConfig) -> Values:
     spec = cfg.model.spec if cfg.model.spec == "local" else cfg.model.spec.removeprefix("local:")
     if spec in ("local", "smollm2"):
+        if verl_device(cfg) == "cpu":  # the packaged GGUF, de-quantized to a Hugging Face directory here
+            return {
+                "actor_rollout_ref.model.path": "{smollm2_hf}",
+                "actor_rollout_ref.model.tokenizer_path": "{smollm2_tokenizer}",
+            }
         return {"actor_rollout_ref.model.path": HUB_SMOLLM2}
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
@@ -251,9 +265,10 @@ ROLLOUT = "actor_rollout_ref.rollout."
 KNOBS: dict[str, Knob] = {
     # -- model -------------------------------------------------------------------------------------
     "model.spec": Knob(
-        ("actor_rollout_ref.model.path",),
-        "local -> the same SmolLM2-135M-Instruct from the Hub (the packaged file is a GGUF, which FSDP "
-        "cannot load); a model directory as is; a .gguf file is refused",
+        ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"),
+        "local -> the same SmolLM2-135M-Instruct: on cuda from the Hub, on cpu the packaged GGUF "
+        "de-quantized to a Hugging Face directory (FSDP cannot load a GGUF); a model directory as is; "
+        "a .gguf file is refused",
         _model_path,
     ),
     "model.parser": to_loop("model.parser", "model.parser", "UniAgentLoop's tool-call format"),
@@ -273,7 +288,12 @@ KNOBS: dict[str, Knob] = {
         "local only: the CPU engine's decode batch; vLLM/SGLang size theirs to the GPU (nearest: "
         "actor_rollout_ref.rollout.max_num_seqs, kept at verl's value); throughput, not the objective",
     ),
-    "model.device": Knob((), "local only: verl places its workers on GPUs (trainer.n_gpus_per_node)"),
+    "model.device": Knob(
+        (),
+        "the base recipe (local_config.BASE_RECIPE): cpu -> the CPU recipes (verl's CPU plugin, a "
+        "LocalEngine rollout), cuda -> the GPU ones (vLLM); verl places its workers itself "
+        "(trainer.n_gpus_per_node)",
+    ),
     "model.dtype": Knob(
         (ACTOR + "fsdp_config.model_dtype",),
         "the trainer's parameter dtype (float32 -> fp32, ...); verl computes in fsdp_config.dtype (bf16/fp16 "

@@ -12,6 +12,12 @@ interpreter, `{smollm2_hf}` / `{smollm2_tokenizer}` the packaged SmolLM2 as Hugg
 (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike), so a recipe is a starting point, never a cage;
 `vars` are set with `VAR@=value`, e.g. `model@=Qwen/Qwen3-8B`.
 
+A recipe may also name the environment its command needs (`env:`, e.g. the CPU recipes' verl plugin
+and platform, `VERL_USE_EXTERNAL_MODULES` / `VERL_PLATFORM`): `launch` sets it on the child (Ray's
+workers inherit it from there), the printed command carries it in front (`VAR=value python -m ...`),
+and `{cpus}` in a value is this machine's core count. A module list (`VERL_USE_EXTERNAL_MODULES`)
+is joined with what the caller's environment already lists; any other variable is the recipe's.
+
 Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
 (`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt
 (`AgentLoopWorkerTQ.generate_sequences`): a sample's exception only marks its prompt's group
@@ -30,6 +36,8 @@ segment and trains them all (see `loop.py`). `trainer.use_v1=True
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -73,9 +81,30 @@ def load_recipe(recipe: str | Path) -> dict[str, Any]:
     entry = data.get("entrypoint", "verl.trainer.main_ppo")
     if entry not in ENTRYPOINTS:
         raise ConfigError(f"{path}: entrypoint {entry!r} is not one of {', '.join(sorted(ENTRYPOINTS))}")
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise ConfigError(f"{path}: a recipe's `env:` is a mapping of variable names to values")
     data["entrypoint"] = entry
+    data["env"] = {k: str(v) for k, v in env.items()}
     data["path"] = str(path)
     return data
+
+
+_JOINED = frozenset({"VERL_USE_EXTERNAL_MODULES"})
+"""Variables that hold a comma-separated module list: the recipe's modules are added to the caller's."""
+
+
+def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables the recipe's command needs, as they will be set (see the module docstring)."""
+    environ = dict(os.environ) if environ is None else environ
+    out: dict[str, str] = {}
+    for name, value in recipe.get("env", {}).items():
+        value = value.replace("{cpus}", str(os.cpu_count() or 1))
+        if name in _JOINED and environ.get(name):
+            have = [m for m in environ[name].split(",") if m]
+            value = ",".join([*have, *(m for m in value.split(",") if m and m not in have)])
+        out[name] = value
+    return out
 
 
 def override_key(override: str) -> str:
@@ -122,8 +151,16 @@ def build_command(recipe: str | Path, overrides: list[str]) -> list[str]:
     return _plan(recipe, overrides)[0]
 
 
-def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any]:
-    """The command, and the local config's `Translation` when `recipe` is one (else None)."""
+def shell_line(recipe: str | Path, overrides: list[str]) -> str:
+    """The command as one shell line, the recipe's environment in front: what `uniagent verl command`
+    and `uniagent train --engine verl --print` print, and what `launch` runs."""
+    command, _, env = _plan(recipe, overrides)
+    return shlex.join([*(f"{k}={v}" for k, v in env.items()), *command])
+
+
+def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any, dict[str, str]]:
+    """The command, the local config's `Translation` when `recipe` is one (else None), and the
+    environment variables the recipe's command needs (`recipe_env`)."""
     from uniagent.integrations.verl import local_config
     from uniagent.integrations.verl.settings import check_overrides
 
@@ -136,7 +173,7 @@ def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any]:
         raise ConfigError(f"{data['path']}: a base recipe for {translation.entrypoint} is needed")
     resolved = resolve_overrides(data, list(overrides))
     check_trainer_path(data["entrypoint"], resolved, check_overrides(resolved))
-    return [sys.executable, "-m", data["entrypoint"], *resolved], translation
+    return [sys.executable, "-m", data["entrypoint"], *resolved], translation, recipe_env(data)
 
 
 def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, Any]) -> None:
@@ -166,9 +203,9 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
 def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
     tasks are written as verl parquet first (`local_config.prepare_data`)."""
-    command, translation = _plan(recipe, overrides)
+    command, translation, env = _plan(recipe, overrides)
     if translation is not None:
         from uniagent.integrations.verl.local_config import prepare_data
 
         prepare_data(translation.cfg)
-    return subprocess.call(command)
+    return subprocess.call(command, env={**os.environ, **env})

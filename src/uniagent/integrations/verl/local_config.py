@@ -1,8 +1,10 @@
 """A local train config (`configs/train_*.yaml`) run on verl: `uniagent train --engine verl --config LOCAL`.
 
-The config goes through `keys.KNOBS` into hydra overrides laid over a base recipe for its mode
-(`BASE_RECIPE`: `trainer.mode: sync` -> main_ppo, `async` -> fully_async_main), which contributes
-only what a local config cannot say (GPUs, vLLM, sequence lengths, the agent-loop YAML). `--set`
+The config goes through `keys.KNOBS` into hydra overrides laid over a base recipe for its mode and
+device (`BASE_RECIPE`: `trainer.mode: sync` -> main_ppo, `async` -> fully_async_main; `model.device:
+cpu` -> the CPU recipes, verl's CPU plugin with a LocalEngine rollout, `cuda` -> the GPU ones, vLLM),
+which contributes only what a local config cannot say (hardware, the rollout server, sequence
+lengths, the agent-loop YAML). `--set`
 items that name a `TrainConfig` field change the local config first (`trainer.steps=3`); every
 other item is a hydra override for verl (`trainer.n_gpus_per_node=4`, `+uniagent.x=1`, `model@=...`)
 and, given last, wins over the translation.
@@ -26,7 +28,23 @@ from uniagent.train.config import TrainConfig, build_train_config
 
 log = logging.getLogger(__name__)
 
-BASE_RECIPE = {"sync": "multiturn_grpo", "async": "multiturn_grpo_fully_async"}
+BASE_RECIPE = {
+    ("sync", "cuda"): "multiturn_grpo",
+    ("async", "cuda"): "multiturn_grpo_fully_async",
+    ("sync", "cpu"): "multiturn_grpo_cpu",
+}
+"""(trainer.mode, verl device) -> the recipe a local config's translation is laid over."""
+
+
+def base_recipe(cfg: TrainConfig) -> str:
+    """The base recipe for `cfg`'s mode and device, or a ConfigError naming what to change."""
+    mode, device = cfg.trainer.mode, keys.verl_device(cfg)
+    if (mode, device) not in BASE_RECIPE:
+        have = ", ".join(f"{m} on {d}" for m, d in BASE_RECIPE)
+        raise ConfigError(f"trainer.mode={mode} with model.device={cfg.model.device}: verl runs {have}")
+    return BASE_RECIPE[mode, device]
+
+
 SECTIONS = set(TrainConfig.model_fields)
 
 
@@ -97,8 +115,7 @@ def translate(cfg: TrainConfig) -> Translation:
                 sources.setdefault(key, path + below)
         if knob.diverges is not None and knob.diverges(cfg):
             dropped.append(f"{path}={keys.local_value(cfg, path)!r}: {knob.why}")
-    mode = cfg.trainer.mode
-    return Translation(cfg, keys.ENTRY_FOR_MODE[mode], BASE_RECIPE[mode], values, sources, dropped)
+    return Translation(cfg, keys.ENTRY_FOR_MODE[cfg.trainer.mode], base_recipe(cfg), values, sources, dropped)
 
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
