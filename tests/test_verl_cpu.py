@@ -248,6 +248,7 @@ class _RssSampler:
 def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     from uniagent.integrations.verl.data import prepare
     from uniagent.integrations.verl.launch import build_command
+    from uniagent.models.loading import smollm2_hf_dirs
 
     data = tmp_path / "data"
     prepare("builtin:lookup", data, val_size=0)
@@ -265,6 +266,7 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     )
     token = secrets.token_hex(6)
     env = {**_cpu_env("verl_cpu_probe"), RUN_TOKEN: token, "OMP_NUM_THREADS": "2", "RAY_DEDUP_LOGS": "0"}
+    env["UNIAGENT_PROBE_TOKENIZER"] = str(smollm2_hf_dirs()[1])
     log_path = tmp_path / "main_ppo.log"
     start = time.monotonic()
     with _RssSampler(token) as rss, log_path.open("w") as log:
@@ -292,6 +294,8 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         "training/rollout_probs_diff_max",
         "training/rollout_logprob_abs_diff_max",
         "training/rollout_logprob_abs_diff_mean",
+        "training/context_tokens",
+        "training/context_tokens_trained",
         "timing_s/gen",
         "timing_s/old_log_prob",
         "timing_s/update_actor",
@@ -312,6 +316,8 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     for metrics in steps.values():
         assert metrics["actor/grad_norm"] > 0
         assert metrics["training/rollout_logprob_abs_diff_max"] < 0.05  # fp32 on both sides
+        # tool results and the chat template's headers reached verl as context, never trained
+        assert metrics["training/context_tokens"] > 0 and metrics["training/context_tokens_trained"] == 0
     # the engine took verl's weight sync: once before step 1 (the initial sync), after each step
     assert len(started) == 1 and [u["global_steps"] for u in updates][-2:] == [1, 2]
     assert updates[-1]["version"] == 2 and updates[-1]["tensors"] > 0
