@@ -38,6 +38,7 @@ from uniagent.integrations.verl.cpu.rollout import (  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
+ROOT = TESTS.parent
 PLUGIN = "uniagent.integrations.verl.cpu"
 RUN_TOKEN = "UNIAGENT_VERL_CPU_RUN"
 
@@ -246,26 +247,35 @@ class _RssSampler:
 
 @pytest.mark.slow
 def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
-    from uniagent.integrations.verl.data import prepare
-    from uniagent.integrations.verl.launch import build_command
     from uniagent.models.loading import smollm2_hf_dirs
 
-    data = tmp_path / "data"
-    prepare("builtin:lookup", data, val_size=0)
     events = tmp_path / "rollout_events.jsonl"
-    command = build_command(
-        "multiturn_grpo_cpu",
-        [
-            f"data_dir@={data}",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
-            # A gradient every step, whatever the 4 episodes score: GRPO's advantage is 0 when a
-            # group's rewards are equal (often, at 2 samples), and the test is about the weights moving.
-            "actor_rollout_ref.actor.entropy_coeff=0.001",
-        ],
-    )
+    sets = [
+        # the local config, sized down (2 tasks x 2 samples, 2 steps), as multiturn_grpo_cpu's local_set
+        "trainer.tasks_per_step=2",
+        "trainer.group_size=2",
+        "trainer.steps=2",
+        "trainer.tensorboard=false",
+        # verl keys: no checkpoint (time), the server's event log, and a gradient every step whatever
+        # the 4 episodes score (GRPO's advantage is 0 when a group's rewards are equal, often at 2
+        # samples, and the test is about the weights moving)
+        "trainer.save_freq=-1",
+        f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        # verl recomputes the old logprobs (the local config's rollout_correction bypasses that and
+        # trains on the rollout's), so the two can be compared token by token
+        "algorithm.rollout_correction.bypass_mode=False",
+    ]
+    # exactly what a user types: the CLI translates the local config onto the CPU recipe (model.device
+    # cpu), writes the parquet data under the working directory, and launches with the recipe's env
+    uniagent = str(Path(sys.executable).with_name("uniagent"))
+    config = str(ROOT / "configs" / "train_multiturn.yaml")
+    command = [uniagent, "train", "--engine", "verl", "--config", config]
+    command += [arg for item in sets for arg in ("--set", item)]
     token = secrets.token_hex(6)
-    env = {**_cpu_env("verl_cpu_probe"), RUN_TOKEN: token, "OMP_NUM_THREADS": "2", "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, RUN_TOKEN: token, "RAY_DEDUP_LOGS": "0"}
+    env["PYTHONPATH"] = _cpu_env()["PYTHONPATH"]  # Ray workers import the probe from tests/
+    env["VERL_USE_EXTERNAL_MODULES"] = "verl_cpu_probe"  # joined after the recipe's CPU plugin
     env["UNIAGENT_PROBE_TOKENIZER"] = str(smollm2_hf_dirs()[1])
     log_path = tmp_path / "main_ppo.log"
     start = time.monotonic()

@@ -484,7 +484,7 @@ def test_a_recipes_module_list_joins_the_callers_and_other_variables_are_the_rec
         "env": {"VERL_USE_EXTERNAL_MODULES": "a.b", "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "{cpus}"}
     }
     env = recipe_env(recipe, {"VERL_USE_EXTERNAL_MODULES": "mine,a.b", "VERL_PLATFORM": "cuda"})
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "mine,a.b" and env["VERL_PLATFORM"] == "cpu"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "a.b,mine" and env["VERL_PLATFORM"] == "cpu"
     assert int(env["OMP_NUM_THREADS"]) >= 1
     assert recipe_env(recipe, {})["VERL_USE_EXTERNAL_MODULES"] == "a.b"
     with pytest.raises(ConfigError, match=r"model\.device"):

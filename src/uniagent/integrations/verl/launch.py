@@ -16,7 +16,8 @@ A recipe may also name the environment its command needs (`env:`, e.g. the CPU r
 and platform, `VERL_USE_EXTERNAL_MODULES` / `VERL_PLATFORM`): `launch` sets it on the child (Ray's
 workers inherit it from there), the printed command carries it in front (`VAR=value python -m ...`),
 and `{cpus}` in a value is this machine's core count. A module list (`VERL_USE_EXTERNAL_MODULES`)
-is joined with what the caller's environment already lists; any other variable is the recipe's.
+is joined with what the caller's environment already lists (the recipe's first: a platform plugin
+registers before anything else asks verl for the platform); any other variable is the recipe's.
 
 Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
 (`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt
@@ -101,8 +102,8 @@ def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) ->
     for name, value in recipe.get("env", {}).items():
         value = value.replace("{cpus}", str(os.cpu_count() or 1))
         if name in _JOINED and environ.get(name):
-            have = [m for m in environ[name].split(",") if m]
-            value = ",".join([*have, *(m for m in value.split(",") if m and m not in have)])
+            ours = [m for m in value.split(",") if m]
+            value = ",".join([*ours, *(m for m in environ[name].split(",") if m and m not in ours)])
         out[name] = value
     return out
 
