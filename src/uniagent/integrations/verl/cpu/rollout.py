@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 import ray
@@ -154,6 +154,17 @@ class LocalRolloutServer:
         finally:
             self._inflight.pop(request_id, None)
             self._aborting.discard(request_id)
+        if self.events_path:  # what a test reads to see an aborted request resume under new weights
+            versions = list(generation.versions or [self.engine.version])
+            self._event(
+                "generated",
+                request_id=request_id,
+                prompt_tokens=len(prompt_ids),
+                tokens=len(generation.token_ids),
+                min_version=min(versions),
+                max_version=max(versions),
+                global_steps=self.global_steps,
+            )
         return TokenOutput(
             token_ids=list(generation.token_ids),
             log_probs=list(generation.logprobs),
@@ -175,6 +186,7 @@ class LocalRolloutServer:
         self._aborting.update(ids)
         for task in list(self._inflight.values()):
             task.cancel()
+        self._event("abort", request_ids=ids, version=self.engine.version, global_steps=self.global_steps)
         return {"aborted_count": len(ids), "request_ids": ids}
 
     async def resume_generation(self) -> None:
@@ -327,7 +339,7 @@ class LocalServerAdapter(BaseRollout):
     @torch.no_grad()
     async def update_weights(
         self,
-        weights: Iterable[tuple[str, torch.Tensor]],
+        weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
         wire_format: str = "named_tensors",
         global_steps: int | None = None,
         peft_config: Any = None,
@@ -337,8 +349,12 @@ class LocalServerAdapter(BaseRollout):
             raise NotImplementedError(
                 "uniagent_local takes full named tensors (no delta flushes, no LoRA adapters)"
             )
+        from verl.workers.rollout.utils import ensure_async_iterator
+
         state: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:  # every rank drains it: full_tensor() is a collective
+        # naive sync hands a generator, checkpoint engines (uniagent_ray) an async one; every rank
+        # drains it, because full_tensor() is a collective
+        async for name, tensor in ensure_async_iterator(weights):
             if self.rollout_rank == 0:
                 state[name] = tensor.detach().to("cpu")
         if self.rollout_rank != 0:
