@@ -244,8 +244,24 @@ class _RssSampler:
         self._thread.join()
 
 
-@pytest.mark.slow
-def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
+class RecipeRun:
+    """One verl recipe run to its end in a subprocess, as a user would launch it (see `run_recipe`)."""
+
+    def __init__(
+        self, returncode: int, log: str, wall_s: float, rss: _RssSampler, events: list[dict]
+    ) -> None:
+        self.returncode, self.log, self.wall_s, self.events = returncode, log, wall_s, events
+        self.peak_rss_gib = round(rss.peak_bytes / 2**30, 2)
+        self.peak_pss_gib = round(rss.peak_pss_bytes / 2**30, 2)
+
+    def events_of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def run_recipe(tmp_path: Path, recipe: str, overrides: list[str], timeout: int = 1200) -> RecipeRun:
+    """Prepare the lookup data, build `recipe`'s command (data, checkpoints and the rollout server's
+    event log under `tmp_path`), run it with the CPU plugin and the probe loaded, and sample the summed
+    memory of every process of the run until Ray's have ended."""
     from uniagent.integrations.verl.data import prepare
     from uniagent.integrations.verl.launch import build_command
 
@@ -253,35 +269,48 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     prepare("builtin:lookup", data, val_size=0)
     events = tmp_path / "rollout_events.jsonl"
     command = build_command(
-        "multiturn_grpo_cpu",
+        recipe,
         [
             f"data_dir@={data}",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
-            # A gradient every step, whatever the 4 episodes score: GRPO's advantage is 0 when a
-            # group's rewards are equal (often, at 2 samples), and the test is about the weights moving.
-            "actor_rollout_ref.actor.entropy_coeff=0.001",
+            *overrides,
         ],
     )
     token = secrets.token_hex(6)
     env = {**_cpu_env("verl_cpu_probe"), RUN_TOKEN: token, "OMP_NUM_THREADS": "2", "RAY_DEDUP_LOGS": "0"}
-    log_path = tmp_path / "main_ppo.log"
+    env["VERL_FILE_LOGGER_PATH"] = str(tmp_path / "metrics.jsonl")  # used where trainer.logger has "file"
+    log_path = tmp_path / f"{recipe}.log"
     start = time.monotonic()
     with _RssSampler(token) as rss, log_path.open("w") as log:
         proc = subprocess.run(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
         )
     wall = time.monotonic() - start
     deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
     while rss.pids() and time.monotonic() < deadline:
         time.sleep(1)
-    text = log_path.read_text(errors="replace")
-    assert proc.returncode == 0, text[-6000:]
+    lines = events.read_text().splitlines() if events.exists() else []
+    return RecipeRun(
+        proc.returncode, log_path.read_text(errors="replace"), wall, rss, [json.loads(x) for x in lines]
+    )
+
+
+@pytest.mark.slow
+def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
+    run = run_recipe(
+        tmp_path,
+        "multiturn_grpo_cpu",
+        # A gradient every step, whatever the 4 episodes score: GRPO's advantage is 0 when a
+        # group's rewards are equal (often, at 2 samples), and the test is about the weights moving.
+        ["actor_rollout_ref.actor.entropy_coeff=0.001"],
+    )
+    text = run.log
+    assert run.returncode == 0, text[-6000:]
 
     steps = parse_steps(text)
     assert sorted(steps) == [1, 2], sorted(steps)
-    updates = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "update"]
-    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "start"]
+    updates, started = run.events_of("update"), run.events_of("start")
     keys = (
         "critic/score/mean",
         "actor/grad_norm",
@@ -299,9 +328,9 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         "timing_s/step",
     )
     summary = {
-        "wall_s": round(wall, 1),
-        "peak_rss_gib": round(rss.peak_bytes / 2**30, 2),
-        "peak_pss_gib": round(rss.peak_pss_bytes / 2**30, 2),
+        "wall_s": round(run.wall_s, 1),
+        "peak_rss_gib": run.peak_rss_gib,
+        "peak_pss_gib": run.peak_pss_gib,
         "steps": {n: {k: m.get(k) for k in keys} for n, m in steps.items()},
         "engine": {"start": started, "updates": updates},
     }
@@ -318,3 +347,91 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     assert updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["requests"] > 0
+
+
+# -- verl's fully-async trainer, GSPO with partial rollout, 2 trainer steps --------------------------
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger (`trainer.logger=[...,file]`): one `{"step": N, "data": {...}}` per log call."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path: Path) -> None:
+    """`fully_async_main` on CPU: a standalone uniagent_local replica, weights through the uniagent_ray
+    checkpoint engine, GSPO, partial rollout. One prompt (x2 samples) per trainer step and at most
+    one prompt in flight, so the second prompt generates while the trainer takes step 1; the engine is
+    paced (`step_delay_s`) so that generation outlasts the step whatever the machine, and the weight
+    sync after step 1 aborts it mid-turn. It must resume under version 1 and be what step 2 trains on
+    (verl's `fully_async/partial/*`), and no trained sample may be staler than the bound."""
+    run = run_recipe(
+        tmp_path,
+        "multiturn_gspo_fully_async_cpu",
+        [
+            "+actor_rollout_ref.rollout.engine_kwargs.uniagent_local.step_delay_s=3.0",
+            "trainer.logger=[console,file]",
+            "actor_rollout_ref.actor.entropy_coeff=0.001",  # a gradient even when a group ties
+        ],
+    )
+    assert run.returncode == 0, run.log[-6000:]
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    trained = [m for m in metrics if "actor/grad_norm" in m["data"]]
+    aborts = [e for e in run.events_of("abort") if e["request_ids"]]
+    updates = run.events_of("update")
+    keys = (
+        "actor/grad_norm",
+        "actor/pg_loss",
+        "critic/score/mean",
+        "response_length/mean",
+        "num_turns/mean",
+        "fully_async/partial/total_partial_num",
+        "fully_async/partial/max_partial_span",
+        "fully_async/count/stale_trajectory_processed",
+        "fully_async/count/staleness_samples",
+        "fully_async/count/current_param_version",
+        "rollout_corr/rollout_is_mean",
+        "timing_s/gen",
+        "timing_s/old_log_prob",
+        "timing_s/update_actor",
+        "timing_s/param_sync",
+        "timing_s/timing_s/param_sync",
+        "timing_s/step",
+    )
+    summary = {
+        "wall_s": round(run.wall_s, 1),
+        "peak_rss_gib": run.peak_rss_gib,
+        "peak_pss_gib": run.peak_pss_gib,
+        "trained": [{"step": m["step"], **{k: m["data"].get(k) for k in keys}} for m in trained],
+        "aborts": aborts,
+        "updates": [
+            {k: u.get(k) for k in ("global_steps", "version", "interrupted", "seconds")} for u in updates
+        ],
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+    # the trainer took its 2 steps, each with a gradient; the rollout took every sync through the
+    # object store (the initial one, then one per step)
+    assert len(trained) == 2, [m["step"] for m in metrics]
+    assert all(m["data"]["actor/grad_norm"] > 0 for m in trained)
+    assert [u["global_steps"] for u in updates][:2] == [0, 1] and updates[-1]["version"] >= 2
+    # a weight sync landed mid-generation: the server aborted a running request ...
+    assert aborts, "no request was in flight at any weight sync"
+    cut = aborts[0]
+    # ... which came back (verl's client resumes it with the tokens so far) and finished under the
+    # newer weights
+    resumed = [
+        e
+        for e in run.events_of("generated")
+        if e["request_id"] in cut["request_ids"]
+        and e["time"] > cut["time"]
+        and e["min_version"] > cut["version"]
+    ]
+    assert resumed, (cut, run.events_of("generated"))
+    # ... and verl trained on it: a trajectory whose tokens span two policy versions
+    assert max(m["data"]["fully_async/partial/total_partial_num"] for m in trained) >= 1
+    assert max(m["data"]["fully_async/partial/max_partial_span"] for m in trained) >= 1
+    # the staleness bound: samples started per policy version never exceed
+    # required_samples x (1 + staleness_threshold) x trigger_parameter_sync_step = 1 x 2 x 1
+    assert all(m["data"]["fully_async/count/staleness_samples"] <= 2 for m in trained)

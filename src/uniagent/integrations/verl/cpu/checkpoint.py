@@ -41,7 +41,9 @@ BACKEND = "uniagent_ray"
 class RayObjectStoreCheckpointEngine(CheckpointEngine):
     """Weights from trainer rank 0 to every rollout worker through one object-store put per sync."""
 
-    def __init__(self, bucket_size: int = 0, poll_s: float = 0.02, timeout_s: float = 600.0, **_: Any) -> None:
+    def __init__(
+        self, bucket_size: int = 0, poll_s: float = 0.02, timeout_s: float = 600.0, **_: Any
+    ) -> None:
         self.bucket_size = bucket_size  # verl always passes it; one put of the whole state needs none
         self.poll_s = poll_s
         self.timeout_s = timeout_s
@@ -91,7 +93,10 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
             return {}
         ref = ray.put(state)
         await asyncio.gather(
-            *[handle.execute_checkpoint_engine.remote("deliver", [ref], global_steps) for handle in self.receivers]
+            *[
+                handle.execute_checkpoint_engine.remote("deliver", [ref], global_steps)
+                for handle in self.receivers
+            ]
         )
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return {"uniagent_ray/send_s": time.perf_counter() - start, "uniagent_ray/bytes": float(nbytes)}
@@ -100,7 +105,9 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         """Called by the sender on this (receiving) worker's actor: queue the state's reference."""
         self._inbox.put((refs[0], global_steps))
 
-    async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
+    async def receive_weights(
+        self, global_steps: int | None = None
+    ) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
