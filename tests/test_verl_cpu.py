@@ -369,7 +369,8 @@ def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path:
         tmp_path,
         "multiturn_gspo_fully_async_cpu",
         [
-            "+actor_rollout_ref.rollout.engine_kwargs.uniagent_local.step_delay_s=3.0",
+            "+actor_rollout_ref.rollout.engine_kwargs.uniagent_local.step_delay_s=2.0",
+            "+uniagent.agent.max_turns=2",  # bounds the first prompt's episodes (the pace makes turns slow)
             "trainer.logger=[console,file]",
             "actor_rollout_ref.actor.entropy_coeff=0.001",  # a gradient even when a group ties
         ],
@@ -394,8 +395,7 @@ def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path:
         "timing_s/gen",
         "timing_s/old_log_prob",
         "timing_s/update_actor",
-        "timing_s/param_sync",
-        "timing_s/timing_s/param_sync",
+        "timing_s/timing_s/param_sync",  # sic: verl prefixes the name twice
         "timing_s/step",
     )
     summary = {
@@ -404,6 +404,7 @@ def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path:
         "peak_pss_gib": run.peak_pss_gib,
         "trained": [{"step": m["step"], **{k: m["data"].get(k) for k in keys}} for m in trained],
         "aborts": aborts,
+        "aborted": run.events_of("aborted"),
         "updates": [
             {k: u.get(k) for k in ("global_steps", "version", "interrupted", "seconds")} for u in updates
         ],
@@ -416,19 +417,21 @@ def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path:
     assert len(trained) == 2, [m["step"] for m in metrics]
     assert all(m["data"]["actor/grad_norm"] > 0 for m in trained)
     assert [u["global_steps"] for u in updates][:2] == [0, 1] and updates[-1]["version"] >= 2
-    # a weight sync landed mid-generation: the server aborted a running request ...
+    # a weight sync landed mid-generation: the server cut running requests short ...
     assert aborts, "no request was in flight at any weight sync"
-    cut = aborts[0]
-    # ... which came back (verl's client resumes it with the tokens so far) and finished under the
-    # newer weights
-    resumed = [
-        e
-        for e in run.events_of("generated")
-        if e["request_id"] in cut["request_ids"]
-        and e["time"] > cut["time"]
-        and e["min_version"] > cut["version"]
-    ]
-    assert resumed, (cut, run.events_of("generated"))
+    cut = run.events_of("aborted")
+    assert cut and all(a["tokens"] > 0 for a in cut), cut
+    # ... and each came back: verl's client re-sends prompt + the tokens so far (under a fresh request
+    # id), and that continuation was sampled by the newer weights only
+    for a in cut:
+        resumed = [
+            e
+            for e in run.events_of("generated")
+            if e["prompt_tokens"] == a["prompt_tokens"] + a["tokens"]
+            and e["time"] > a["time"]
+            and e["min_version"] > a["version"]
+        ]
+        assert resumed, (a, run.events_of("generated"))
     # ... and verl trained on it: a trajectory whose tokens span two policy versions
     assert max(m["data"]["fully_async/partial/total_partial_num"] for m in trained) >= 1
     assert max(m["data"]["fully_async/partial/max_partial_span"] for m in trained) >= 1

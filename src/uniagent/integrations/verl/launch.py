@@ -7,8 +7,8 @@ the printed command run exactly the same thing.
 
 Placeholders in overrides: `{agent_loop}` is this package's agent-loop YAML, `{python}` the current
 interpreter, `{smollm2_hf}` / `{smollm2_tokenizer}` the packaged SmolLM2 as Hugging Face directories
-(`{smollm2_hf_with_tokenizer}`: one directory with both, for fully_async_main)
-(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`), and any key of the recipe's
+(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`; `{smollm2_hf_with_tokenizer}`
+one directory with both, as fully_async_main wants), and any key of the recipe's
 `vars:` (e.g. `{data_dir}`, `{model}`). User overrides replace the recipe's override for the same key
 (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike), so a recipe is a starting point, never a cage;
 `vars` are set with `VAR@=value`, e.g. `model@=Qwen/Qwen3-8B`.

@@ -148,6 +148,16 @@ class LocalRolloutServer:
             if request_id not in self._aborting:
                 raise
             self.aborted += 1
+            # verl's client resumes it as a new request (its own fresh id) whose prompt is this one's
+            # plus these tokens: what a reader matches the resumed "generated" event by
+            self._event(
+                "aborted",
+                request_id=request_id,
+                prompt_tokens=len(prompt_ids),
+                tokens=len(ids),
+                version=self.engine.version,
+                global_steps=self.global_steps,
+            )
             return TokenOutput(
                 token_ids=ids, log_probs=logprobs, stop_reason="aborted", extra_fields=self._extra(None)
             )
