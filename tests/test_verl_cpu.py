@@ -171,7 +171,11 @@ async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path:
         state = {k: v + 0.001 for k, v in server.engine.model.state_dict().items()}
         record = await server.update_weights(state, 1)
         assert record["version"] == 1 and record["tensors"] == len(state)
-        start, update = (json.loads(line) for line in events.read_text().splitlines())
+        logged = [json.loads(line) for line in events.read_text().splitlines()]
+        assert [e["event"] for e in logged] == ["start", "generated", "abort", "aborted", "update"]
+        start, generated, abort, aborted, update = logged
+        assert (generated["prompt_tokens"], generated["tokens"]) == (len(ids), 8)
+        assert abort["request_ids"] == ["b"] and aborted["tokens"] == len(cut.token_ids)
         assert start["logprobs_mode"] == "scaled" and update["global_steps"] == 1
         assert update["weight_sum"] != pytest.approx(start["weight_sum"])
     finally:
