@@ -14,11 +14,12 @@ agent-loop workers, the checkpoint-engine manager) drives it unchanged:
   `stop_reason="aborted"`, which `VerlEngine` resumes; requests that arrive until
   `resume_generation` wait. Sleep/wake/KV calls are no-ops: CPU memory is not handed back and forth.
 - `LocalServerAdapter` (a `BaseRollout`, registered in `_ROLLOUT_REGISTRY`): lives in the trainer
-  worker. verl's naive (in-process, sync) weight sync passes it the trainer's full tensors under HF
-  names; rollout rank 0 ships them to the server in one Ray call and the engine swaps them in between
-  two decode steps (`LocalEngine.update_weights`, which accepts tied weights such as SmolLM2's
-  `lm_head`/`embed_tokens` under either name). Every rank drains the generator, because with more than
-  one FSDP rank each tensor's `full_tensor()` is a collective.
+  worker (hybrid) or in the replica's `CheckpointEngineWorker` (standalone, fully async, weights from
+  the `uniagent_ray` checkpoint engine). verl's naive (in-process, sync) weight sync passes it the
+  trainer's full tensors under HF names; rollout rank 0 ships them to the server in one Ray call
+  and the engine swaps them in between two decode steps (`LocalEngine.update_weights`, which
+  accepts tied weights such as SmolLM2's `lm_head`/`embed_tokens` under either name). Every rank
+  drains the generator, because with more than one FSDP rank each `full_tensor()` is a collective.
 """
 
 from __future__ import annotations
