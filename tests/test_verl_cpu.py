@@ -172,7 +172,11 @@ async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path:
         state = {k: v + 0.001 for k, v in server.engine.model.state_dict().items()}
         record = await server.update_weights(state, 1)
         assert record["version"] == 1 and record["tensors"] == len(state)
-        start, update = (json.loads(line) for line in events.read_text().splitlines())
+        logged = [json.loads(line) for line in events.read_text().splitlines()]
+        assert [e["event"] for e in logged] == ["start", "generated", "abort", "aborted", "update"]
+        start, generated, abort, aborted, update = logged
+        assert (generated["prompt_tokens"], generated["tokens"]) == (len(ids), 8)
+        assert abort["request_ids"] == ["b"] and aborted["tokens"] == len(cut.token_ids)
         assert start["logprobs_mode"] == "scaled" and update["global_steps"] == 1
         assert update["weight_sum"] != pytest.approx(start["weight_sum"])
     finally:
@@ -245,11 +249,75 @@ class _RssSampler:
         self._thread.join()
 
 
+class RecipeRun:
+    """One verl recipe run to its end in a subprocess, as a user would launch it (see `run_command`)."""
+
+    def __init__(
+        self, returncode: int, log: str, wall_s: float, rss: _RssSampler, events: list[dict]
+    ) -> None:
+        self.returncode, self.log, self.wall_s, self.events = returncode, log, wall_s, events
+        self.peak_rss_gib = round(rss.peak_bytes / 2**30, 2)
+        self.peak_pss_gib = round(rss.peak_pss_bytes / 2**30, 2)
+
+    def events_of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def events_override(tmp_path: Path) -> str:
+    """The verl override that makes the rollout server log its events under `tmp_path`."""
+    return f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{tmp_path / 'rollout_events.jsonl'}}}"
+
+
+def run_recipe(tmp_path: Path, recipe: str, overrides: list[str], timeout: int = 1200) -> RecipeRun:
+    """Prepare the lookup data and run `recipe`'s command (data, checkpoints and the rollout server's
+    event log under `tmp_path`) with the CPU plugin and the probe loaded (`run_command`)."""
+    from uniagent.integrations.verl.data import prepare
+    from uniagent.integrations.verl.launch import build_command
+
+    data = tmp_path / "data"
+    prepare("builtin:lookup", data, val_size=0)
+    command = build_command(
+        recipe,
+        [
+            f"data_dir@={data}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            events_override(tmp_path),
+            *overrides,
+        ],
+    )
+    env = {**_cpu_env("verl_cpu_probe"), "OMP_NUM_THREADS": "2"}
+    env["VERL_FILE_LOGGER_PATH"] = str(tmp_path / "metrics.jsonl")  # used where trainer.logger has "file"
+    return run_command(tmp_path, command, env, recipe, timeout)
+
+
+def run_command(
+    tmp_path: Path, command: list[str], env: dict[str, str], name: str, timeout: int
+) -> RecipeRun:
+    """Run `command` in `tmp_path` to its end, sampling the summed memory of every process of the run
+    (they carry a token in their environment) until Ray's have ended; the server's events read back."""
+    events = tmp_path / "rollout_events.jsonl"
+    token = secrets.token_hex(6)
+    env = {**env, RUN_TOKEN: token, "RAY_DEDUP_LOGS": "0"}
+    log_path = tmp_path / f"{name}.log"
+    start = time.monotonic()
+    with _RssSampler(token) as rss, log_path.open("w") as log:
+        proc = subprocess.run(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        )
+    wall = time.monotonic() - start
+    deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
+    while rss.pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    lines = events.read_text().splitlines() if events.exists() else []
+    return RecipeRun(
+        proc.returncode, log_path.read_text(errors="replace"), wall, rss, [json.loads(x) for x in lines]
+    )
+
+
 @pytest.mark.slow
 def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     from uniagent.models.loading import smollm2_hf_dirs
 
-    events = tmp_path / "rollout_events.jsonl"
     sets = [
         # the local config, sized down (2 tasks x 2 samples, 2 steps), as multiturn_grpo_cpu's local_set
         "trainer.tasks_per_step=2",
@@ -260,7 +328,7 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         # the 4 episodes score (GRPO's advantage is 0 when a group's rewards are equal, often at 2
         # samples, and the test is about the weights moving)
         "trainer.save_freq=-1",
-        f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{events}}}",
+        events_override(tmp_path),
         "actor_rollout_ref.actor.entropy_coeff=0.001",
         # verl recomputes the old logprobs (the local config's rollout_correction bypasses that and
         # trains on the rollout's), so the two can be compared token by token
@@ -272,28 +340,17 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     config = str(ROOT / "configs" / "train_multiturn.yaml")
     command = [uniagent, "train", "--engine", "verl", "--config", config]
     command += [arg for item in sets for arg in ("--set", item)]
-    token = secrets.token_hex(6)
-    env = {**os.environ, RUN_TOKEN: token, "RAY_DEDUP_LOGS": "0"}
+    env = dict(os.environ)
     env["PYTHONPATH"] = _cpu_env()["PYTHONPATH"]  # Ray workers import the probe from tests/
     env["VERL_USE_EXTERNAL_MODULES"] = "verl_cpu_probe"  # joined after the recipe's CPU plugin
     env["UNIAGENT_PROBE_TOKENIZER"] = str(smollm2_hf_dirs()[1])
-    log_path = tmp_path / "main_ppo.log"
-    start = time.monotonic()
-    with _RssSampler(token) as rss, log_path.open("w") as log:
-        proc = subprocess.run(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200
-        )
-    wall = time.monotonic() - start
-    deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
-    while rss.pids() and time.monotonic() < deadline:
-        time.sleep(1)
-    text = log_path.read_text(errors="replace")
-    assert proc.returncode == 0, text[-6000:]
+    run = run_command(tmp_path, command, env, "main_ppo", timeout=1200)
+    text = run.log
+    assert run.returncode == 0, text[-6000:]
 
     steps = parse_steps(text)
     assert sorted(steps) == [1, 2], sorted(steps)
-    updates = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "update"]
-    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "start"]
+    updates, started = run.events_of("update"), run.events_of("start")
     keys = (
         "critic/score/mean",
         "actor/grad_norm",
@@ -313,9 +370,9 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         "timing_s/step",
     )
     summary = {
-        "wall_s": round(wall, 1),
-        "peak_rss_gib": round(rss.peak_bytes / 2**30, 2),
-        "peak_pss_gib": round(rss.peak_pss_bytes / 2**30, 2),
+        "wall_s": round(run.wall_s, 1),
+        "peak_rss_gib": run.peak_rss_gib,
+        "peak_pss_gib": run.peak_pss_gib,
         "steps": {n: {k: m.get(k) for k in keys} for n, m in steps.items()},
         "engine": {"start": started, "updates": updates},
     }
@@ -334,3 +391,94 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     assert updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["requests"] > 0
+
+
+# -- verl's fully-async trainer, GSPO with partial rollout, 2 trainer steps --------------------------
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger (`trainer.logger=[...,file]`): one `{"step": N, "data": {...}}` per log call."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path: Path) -> None:
+    """`fully_async_main` on CPU: a standalone uniagent_local replica, weights through the uniagent_ray
+    checkpoint engine, GSPO, partial rollout. One prompt (x2 samples) per trainer step and at most
+    one prompt in flight, so the second prompt generates while the trainer takes step 1; the engine is
+    paced (`step_delay_s`) so that generation outlasts the step whatever the machine, and the weight
+    sync after step 1 aborts it mid-turn. It must resume under version 1 and be what step 2 trains on
+    (verl's `fully_async/partial/*`), and no trained sample may be staler than the bound."""
+    run = run_recipe(
+        tmp_path,
+        "multiturn_gspo_fully_async_cpu",
+        [
+            "+actor_rollout_ref.rollout.engine_kwargs.uniagent_local.step_delay_s=2.0",
+            "+uniagent.agent.max_turns=2",  # bounds the first prompt's episodes (the pace makes turns slow)
+            "trainer.logger=[console,file]",
+            "actor_rollout_ref.actor.entropy_coeff=0.001",  # a gradient even when a group ties
+        ],
+    )
+    assert run.returncode == 0, run.log[-6000:]
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    trained = [m for m in metrics if "actor/grad_norm" in m["data"]]
+    aborts = [e for e in run.events_of("abort") if e["request_ids"]]
+    updates = run.events_of("update")
+    keys = (
+        "actor/grad_norm",
+        "actor/pg_loss",
+        "critic/score/mean",
+        "response_length/mean",
+        "num_turns/mean",
+        "fully_async/partial/total_partial_num",
+        "fully_async/partial/max_partial_span",
+        "fully_async/count/stale_trajectory_processed",
+        "fully_async/count/staleness_samples",
+        "fully_async/count/current_param_version",
+        "rollout_corr/rollout_is_mean",
+        "timing_s/gen",
+        "timing_s/old_log_prob",
+        "timing_s/update_actor",
+        "timing_s/timing_s/param_sync",  # sic: verl prefixes the name twice
+        "timing_s/step",
+    )
+    summary = {
+        "wall_s": round(run.wall_s, 1),
+        "peak_rss_gib": run.peak_rss_gib,
+        "peak_pss_gib": run.peak_pss_gib,
+        "trained": [{"step": m["step"], **{k: m["data"].get(k) for k in keys}} for m in trained],
+        "aborts": aborts,
+        "aborted": run.events_of("aborted"),
+        "updates": [
+            {k: u.get(k) for k in ("global_steps", "version", "interrupted", "seconds")} for u in updates
+        ],
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+    # the trainer took its 2 steps, each with a gradient; the rollout took every sync through the
+    # object store (the initial one, then one per step)
+    assert len(trained) == 2, [m["step"] for m in metrics]
+    assert all(m["data"]["actor/grad_norm"] > 0 for m in trained)
+    assert [u["global_steps"] for u in updates][:2] == [0, 1] and updates[-1]["version"] >= 2
+    # a weight sync landed mid-generation: the server cut running requests short ...
+    assert aborts, "no request was in flight at any weight sync"
+    cut = run.events_of("aborted")
+    assert cut and all(a["tokens"] > 0 for a in cut), cut
+    # ... and each came back: verl's client re-sends prompt + the tokens so far (under a fresh request
+    # id), and that continuation was sampled by the newer weights only
+    for a in cut:
+        resumed = [
+            e
+            for e in run.events_of("generated")
+            if e["prompt_tokens"] == a["prompt_tokens"] + a["tokens"]
+            and e["time"] > a["time"]
+            and e["min_version"] > a["version"]
+        ]
+        assert resumed, (a, run.events_of("generated"))
+    # ... and verl trained on it: a trajectory whose tokens span two policy versions
+    assert max(m["data"]["fully_async/partial/total_partial_num"] for m in trained) >= 1
+    assert max(m["data"]["fully_async/partial/max_partial_span"] for m in trained) >= 1
+    # the staleness bound: samples started per policy version never exceed
+    # required_samples x (1 + staleness_threshold) x trigger_parameter_sync_step = 1 x 2 x 1
+    assert all(m["data"]["fully_async/count/staleness_samples"] <= 2 for m in trained)

@@ -165,6 +165,7 @@ def test_every_recipe_composes_against_verls_config() -> None:
         "multiturn_grpo",
         "multiturn_grpo_fully_async",
         "multiturn_grpo_cpu",
+        "multiturn_gspo_fully_async_cpu",
     } <= set(names)
     for name in names:
         command = build_command(name, [])
@@ -191,6 +192,32 @@ def test_every_recipe_composes_against_verls_config() -> None:
     # the negative control: strict composition does reject a key verl lacks
     with pytest.raises(Exception, match="not_a_verl_key"):
         compose_for(build_command("starter_grpo", ["actor_rollout_ref.rollout.not_a_verl_key=1"]))
+
+
+def test_cpu_fully_async_recipe_composes_for_a_machine_without_gpus() -> None:
+    """multiturn_gspo_fully_async_cpu: verl's fully-async entry point with GSPO, partial rollout and a
+    staleness bound, the uniagent_local rollout, weights through the uniagent_ray checkpoint engine
+    (which the named module registers), and a model directory that also holds the tokenizer
+    (fully_async_main reads it from model.path)."""
+    import importlib
+
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    command = build_command("multiturn_gspo_fully_async_cpu", [])
+    assert command[2] == "verl.experimental.fully_async_policy.fully_async_main"
+    cfg = compose_for(command)
+    actor, rollout, async_ = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.async_training
+    assert (actor.policy_loss.loss_mode, actor.loss_agg_mode) == ("gspo", "seq-mean-token-mean")
+    assert async_.partial_rollout is True and async_.staleness_threshold > 0
+    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.data.train_batch_size == 0
+    assert rollout.name == "uniagent_local" and cfg.trainer.device == "cpu"
+    engine = rollout.checkpoint_engine
+    importlib.import_module(engine.custom_backend_module)
+    assert CheckpointEngineRegistry.get(engine.backend).__name__ == "RayObjectStoreCheckpointEngine"
+    model = Path(cfg.actor_rollout_ref.model.path)
+    assert (model / "config.json").is_file() and (model / "tokenizer_config.json").is_file()
+    # one logical GPU for the trainer pool and one for the standalone rollout replica
+    assert cfg.ray_kwargs.ray_init.num_gpus == cfg.trainer.n_gpus_per_node + cfg.rollout.n_gpus_per_node
 
 
 MAIN_PPO_RECIPES = [

@@ -181,5 +181,22 @@ def smollm2_hf_dirs() -> tuple[Path, Path]:
     return model_dir, tokenizer_dir
 
 
+def smollm2_hf_dir_with_tokenizer() -> Path:
+    """One HF directory holding both the fp32 weights and the tokenizer (symlinks to the two copies).
+
+    For trainers that read the tokenizer from the model path: verl's fully-async entry point
+    (`fully_async_main.FullyAsyncTaskRunner`) calls `hf_tokenizer(model.path)` and ignores
+    `model.tokenizer_path`."""
+    model_dir, tokenizer_dir = smollm2_hf_dirs()
+    combined = model_dir.with_name(model_dir.name + "-with-tokenizer")
+    combined.mkdir(exist_ok=True)
+    for folder in (model_dir, tokenizer_dir):
+        for item in folder.iterdir():
+            link = combined / item.name
+            if not link.exists():
+                link.symlink_to(item)
+    return combined
+
+
 if __name__ == "__main__":
     print(warm_default_model())

@@ -77,6 +77,10 @@ class LocalEngine:
 
     `logprobs_mode` "raw" (default) reports each token's temperature-1 log-softmax; "scaled" the
     log-softmax of logits / temperature, what verl's trainer recomputes (models/local_batch.py).
+
+    `step_delay_s` (default 0) sleeps the worker thread after every batch step: a slow rollout on a fast
+    machine, so a test can land a weight update in the middle of a generation (verl's partial rollout)
+    whatever the hardware. The event loop is never blocked by it.
     """
 
     def __init__(
@@ -96,12 +100,14 @@ class LocalEngine:
         version: int = 0,
         threads: int | None = None,
         logprobs_mode: str = "raw",
+        step_delay_s: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if logprobs_mode not in ("raw", "scaled"):
             raise EngineError(f"logprobs_mode must be 'raw' or 'scaled', got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
+        self.step_delay_s = max(float(step_delay_s), 0.0)
         loader: Callable[[], torch.nn.Module] | None = None
         if isinstance(model, torch.nn.Module):
             self.name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
@@ -371,6 +377,8 @@ class LocalEngine:
                     if admitted is None:
                         break
                     batch = self._batches.step(batch, admitted)
+                    if self.step_delay_s and batch is not None:
+                        time.sleep(self.step_delay_s)
         except BaseException as exc:  # a bug here must not leave awaiting coroutines hanging
             log.exception("LocalEngine worker crashed")
             with self._cond:

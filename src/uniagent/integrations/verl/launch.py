@@ -7,7 +7,8 @@ the printed command run exactly the same thing.
 
 Placeholders in overrides: `{agent_loop}` is this package's agent-loop YAML, `{python}` the current
 interpreter, `{smollm2_hf}` / `{smollm2_tokenizer}` the packaged SmolLM2 as Hugging Face directories
-(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`), and any key of the recipe's
+(what verl's FSDP actor can load; `models/loading.py:smollm2_hf_dirs`; `{smollm2_hf_with_tokenizer}`
+one directory with both, as fully_async_main wants), and any key of the recipe's
 `vars:` (e.g. `{data_dir}`, `{model}`). User overrides replace the recipe's override for the same key
 (`a.b=1` replaces `a.b=0`, `+a.b` or `++a.b` alike), so a recipe is a starting point, never a cage;
 `vars` are set with `VAR@=value`, e.g. `model@=Qwen/Qwen3-8B`.
@@ -132,11 +133,12 @@ def resolve_overrides(recipe: dict[str, Any], overrides: list[str]) -> list[str]
     values.setdefault("agent_loop", str(AGENT_LOOP_YAML))
     values.setdefault("python", sys.executable)
     if any("{smollm2_" in text for text in [*map(str, recipe["overrides"]), *values.values()]):
-        from uniagent.models.loading import smollm2_hf_dirs
+        from uniagent.models.loading import smollm2_hf_dir_with_tokenizer, smollm2_hf_dirs
 
         model_dir, tokenizer_dir = smollm2_hf_dirs()  # filled on first use (the GGUF reader: ~30 s)
         values.setdefault("smollm2_hf", str(model_dir))
         values.setdefault("smollm2_tokenizer", str(tokenizer_dir))
+        values.setdefault("smollm2_hf_with_tokenizer", str(smollm2_hf_dir_with_tokenizer()))
     merged: dict[str, str] = {}
     for item in [*(str(o) for o in recipe["overrides"]), *user]:
         merged.pop(override_key(item), None)  # later wins, and keeps its own position

@@ -15,7 +15,10 @@ multiturn_grpo_cpu.yaml` has the whole command). What is registered where:
   trainer-side adapter under ("uniagent_local", "async") in `verl.workers.rollout.base._ROLLOUT_REGISTRY`
   (`rollout.py`); the registry holds a dotted path, so the adapter module loads only when used;
 - verl's FSDP engines under device "cpu" in `verl.workers.engine.EngineRegistry`;
-- the one override of a verl function, the default process-group backend (`compat.py`).
+- the one override of a verl function, the default process-group backend (`compat.py`);
+- for disaggregated (fully-async) trainers, the checkpoint engine "uniagent_ray" (`checkpoint.py`),
+  registered by verl itself when it imports `checkpoint_engine.custom_backend_module` (that module
+  imports `verl.checkpoint_engine`, which is not safe to import from inside `import verl`).
 
 verl imports this module from inside `import verl` (after `verl.protocol` and `verl.utils.device`,
 before anything asks for the platform), so everything here imports only verl modules that are safe

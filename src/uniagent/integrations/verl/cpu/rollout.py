@@ -14,11 +14,12 @@ agent-loop workers, the checkpoint-engine manager) drives it unchanged:
   `stop_reason="aborted"`, which `VerlEngine` resumes; requests that arrive until
   `resume_generation` wait. Sleep/wake/KV calls are no-ops: CPU memory is not handed back and forth.
 - `LocalServerAdapter` (a `BaseRollout`, registered in `_ROLLOUT_REGISTRY`): lives in the trainer
-  worker. verl's naive (in-process, sync) weight sync passes it the trainer's full tensors under HF
-  names; rollout rank 0 ships them to the server in one Ray call and the engine swaps them in between
-  two decode steps (`LocalEngine.update_weights`, which accepts tied weights such as SmolLM2's
-  `lm_head`/`embed_tokens` under either name). Every rank drains the generator, because with more than
-  one FSDP rank each tensor's `full_tensor()` is a collective.
+  worker (hybrid) or in the replica's `CheckpointEngineWorker` (standalone, fully async, weights from
+  the `uniagent_ray` checkpoint engine). verl's naive (in-process, sync) weight sync passes it the
+  trainer's full tensors under HF names; rollout rank 0 ships them to the server in one Ray call
+  and the engine swaps them in between two decode steps (`LocalEngine.update_weights`, which
+  accepts tied weights such as SmolLM2's `lm_head`/`embed_tokens` under either name). Every rank
+  drains the generator, because with more than one FSDP rank each `full_tensor()` is a collective.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 import ray
@@ -148,12 +149,33 @@ class LocalRolloutServer:
             if request_id not in self._aborting:
                 raise
             self.aborted += 1
+            # verl's client resumes it as a new request (its own fresh id) whose prompt is this one's
+            # plus these tokens: what a reader matches the resumed "generated" event by
+            self._event(
+                "aborted",
+                request_id=request_id,
+                prompt_tokens=len(prompt_ids),
+                tokens=len(ids),
+                version=self.engine.version,
+                global_steps=self.global_steps,
+            )
             return TokenOutput(
                 token_ids=ids, log_probs=logprobs, stop_reason="aborted", extra_fields=self._extra(None)
             )
         finally:
             self._inflight.pop(request_id, None)
             self._aborting.discard(request_id)
+        if self.events_path:  # what a test reads to see an aborted request resume under new weights
+            versions = list(generation.versions or [self.engine.version])
+            self._event(
+                "generated",
+                request_id=request_id,
+                prompt_tokens=len(prompt_ids),
+                tokens=len(generation.token_ids),
+                min_version=min(versions),
+                max_version=max(versions),
+                global_steps=self.global_steps,
+            )
         return TokenOutput(
             token_ids=list(generation.token_ids),
             log_probs=list(generation.logprobs),
@@ -175,6 +197,7 @@ class LocalRolloutServer:
         self._aborting.update(ids)
         for task in list(self._inflight.values()):
             task.cancel()
+        self._event("abort", request_ids=ids, version=self.engine.version, global_steps=self.global_steps)
         return {"aborted_count": len(ids), "request_ids": ids}
 
     async def resume_generation(self) -> None:
@@ -327,7 +350,7 @@ class LocalServerAdapter(BaseRollout):
     @torch.no_grad()
     async def update_weights(
         self,
-        weights: Iterable[tuple[str, torch.Tensor]],
+        weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
         wire_format: str = "named_tensors",
         global_steps: int | None = None,
         peft_config: Any = None,
@@ -337,8 +360,12 @@ class LocalServerAdapter(BaseRollout):
             raise NotImplementedError(
                 "uniagent_local takes full named tensors (no delta flushes, no LoRA adapters)"
             )
+        from verl.workers.rollout.utils import ensure_async_iterator
+
         state: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:  # every rank drains it: full_tensor() is a collective
+        # naive sync hands a generator, checkpoint engines (uniagent_ray) an async one; every rank
+        # drains it, because full_tensor() is a collective
+        async for name, tensor in ensure_async_iterator(weights):
             if self.rollout_rank == 0:
                 state[name] = tensor.detach().to("cpu")
         if self.rollout_rank != 0:
