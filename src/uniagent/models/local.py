@@ -161,8 +161,8 @@ class LocalEngine:
             version=self._version,
             prefill_tokens=self.max_prefill_tokens,
             budget_bytes=self.memory_budget_bytes,
+            scaled_logprobs=self.logprobs_mode == "scaled",
         )
-        self._batches.scaled_logprobs = self.logprobs_mode == "scaled"
         if not self._batches.slots:
             self._prefixes.budget_bytes = 0
         if owned and self._batches.slots:

@@ -177,6 +177,7 @@ class BatchRunner:
         version: int = 0,
         prefill_tokens: int = 16384,
         budget_bytes: int | None = None,
+        scaled_logprobs: bool = False,
     ) -> None:
         self.model = model
         self.version = version
@@ -190,7 +191,7 @@ class BatchRunner:
         self.prefill_tokens = prefill_tokens
         self.budget_bytes = budget_bytes
         self.plan = MemoryPlan.of(self.dims, model.config, _SPARE, kv._CHUNK) if self.dims else None
-        self.scaled_logprobs = False  # the engine's logprobs_mode == "scaled" (see the module docstring)
+        self.scaled_logprobs = scaled_logprobs  # the engine's logprobs_mode == "scaled" (module docstring)
 
     def running(self, batch: Batch | None) -> Running | None:
         """The running batch as admission sees it (None: nothing runs, or no slot cache)."""

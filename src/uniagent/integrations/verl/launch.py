@@ -132,13 +132,15 @@ def resolve_overrides(recipe: dict[str, Any], overrides: list[str]) -> list[str]
             user.append(item)
     values.setdefault("agent_loop", str(AGENT_LOOP_YAML))
     values.setdefault("python", sys.executable)
-    if any("{smollm2_" in text for text in [*map(str, recipe["overrides"]), *values.values()]):
+    named = " ".join([*map(str, recipe["overrides"]), *values.values()])
+    if "{smollm2_" in named:
         from uniagent.models.loading import smollm2_hf_dir_with_tokenizer, smollm2_hf_dirs
 
         model_dir, tokenizer_dir = smollm2_hf_dirs()  # filled on first use (the GGUF reader: ~30 s)
         values.setdefault("smollm2_hf", str(model_dir))
         values.setdefault("smollm2_tokenizer", str(tokenizer_dir))
-        values.setdefault("smollm2_hf_with_tokenizer", str(smollm2_hf_dir_with_tokenizer()))
+        if "{smollm2_hf_with_tokenizer}" in named:  # a directory of links, made only when named
+            values.setdefault("smollm2_hf_with_tokenizer", str(smollm2_hf_dir_with_tokenizer()))
     merged: dict[str, str] = {}
     for item in [*(str(o) for o in recipe["overrides"]), *user]:
         merged.pop(override_key(item), None)  # later wins, and keeps its own position
