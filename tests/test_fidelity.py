@@ -193,3 +193,50 @@ async def test_reused_and_fresh_rows_in_one_batch_keep_teacher_forced_logprobs(e
     assert after.prefill_batches - before.prefill_batches == 1  # one prefill for both rows
     assert _teacher_forced_gap(engine, second, reused) < 1e-3
     assert _teacher_forced_gap(engine, other, fresh) < 1e-3
+
+
+def _bench_mismatch():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "mismatch.py"
+    spec = importlib.util.spec_from_file_location("bench_mismatch", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_mismatch_bench_on_the_local_engine_is_exact_in_fp32(engine):
+    """bench/mismatch.py --engine local at a tiny size (the bench's smoke test): concurrent multi-turn
+    episodes through the engine, recomputed by the trainer's fp32 forward, line up token for token."""
+    from uniagent.models.loading import load_causal_lm, smollm2_source
+
+    bench = _bench_mismatch()
+    sequences, generated, wall = await bench.episodes_local(engine, 2, 2, 8, 0.8, 3)
+    assert generated == sum(sum(mask) for _, _, mask, _ in sequences) > 0 and wall > 0
+    figures = bench.measure(load_causal_lm(smollm2_source(), dtype="float32"), sequences)
+    assert figures["model_tokens"] == generated
+    assert figures["logprob_abs_gap_max"] < 1e-3, figures
+
+
+def test_a_packed_batch_moves_to_the_policys_device_whole():
+    """`pack` builds on the CPU; `Batch.to` carries every tensor (the trainer's GPU path moves each
+    micro-batch to the policy's device), values and dtypes unchanged."""
+    from uniagent.tokens import Trajectory
+    from uniagent.train import algo
+
+    t = Trajectory(prompt_ids=[1, 2, 3])
+    t.add_generation([4, 5], [-0.5, -0.25])
+    batch = algo.pack([t])
+    moved = batch.to("meta")
+    for name in (
+        "input_ids",
+        "attention_mask",
+        "prompt_len",
+        "response_ids",
+        "response_mask",
+        "old_log_probs",
+    ):
+        before, after = getattr(batch, name), getattr(moved, name)
+        assert after.device.type == "meta" and after.dtype == before.dtype and after.shape == before.shape

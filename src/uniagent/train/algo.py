@@ -11,7 +11,7 @@ Nothing here knows about episodes or engines, so the tests can compare it with d
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,10 @@ class Batch:
             self.response_mask[rows, :resp],
             self.old_log_probs[rows, :resp],
         )
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on `device`: `pack` builds it on the CPU, the policy may sit on a GPU."""
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def pack(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
@@ -115,7 +119,12 @@ def response_log_probs(model: torch.nn.Module, batch: Batch, share_prefix: bool 
         )
     logits = out.logits
     n, resp = batch.response_ids.shape
-    offsets = torch.arange(resp)[None, :] + batch.prompt_len[:, None] - 1 - (width - logits.shape[1])
+    offsets = (
+        torch.arange(resp, device=logits.device)[None, :]
+        + batch.prompt_len[:, None]
+        - 1
+        - (width - logits.shape[1])
+    )
     offsets = offsets.clamp(min=0, max=logits.shape[1] - 1)
     picked = logits.gather(1, offsets[:, :, None].expand(n, resp, logits.shape[-1]))
     logp = torch.log_softmax(picked.float(), dim=-1)

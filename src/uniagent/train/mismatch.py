@@ -109,7 +109,7 @@ def recompute_log_probs(
             if response_ids:
                 t.add_generation(list(response_ids), [0.0] * len(response_ids))
             trajs.append(t)
-        batch = algo.pack(trajs)
+        batch = algo.pack(trajs).to(next(model.parameters()).device)
         with torch.no_grad():
             logp = algo.response_log_probs(model, batch)
         out.extend(logp[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajs))

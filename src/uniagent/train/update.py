@@ -83,12 +83,13 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
     mb = cfg.trainer.micro_batch_size
     corr = cfg.algo.rollout_correction
     recomputed = torch.zeros_like(batch.old_log_probs)  # the trainer's logprobs of the rollout tokens
+    device = next(trainer.policy.parameters()).device  # the batch is packed on the CPU
     for start in range(0, len(batch), mb):
         rows = slice(start, start + mb)
-        micro = batch.select(rows)
-        adv = advantages[rows, : micro.response_ids.shape[1]]
+        micro = batch.select(rows).to(device)
+        adv = advantages[rows, : micro.response_ids.shape[1]].to(device)
         logp = algo.response_log_probs(trainer.policy, micro)
-        recomputed[rows, : logp.shape[1]] = logp.detach()
+        recomputed[rows, : logp.shape[1]] = logp.detach().to(recomputed.device)
         old, is_weights = micro.old_log_probs, None
         if corr.rollout_is is not None:
             # verl's decoupled mode: the ratio is against the trainer's own logprobs (pi_old; the
