@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 import types
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from uniagent.integrations.verl.local_config import (
 )
 from uniagent.integrations.verl.settings import UniAgentLoopSettings
 from uniagent.train.config import TrainConfig, TrainerSection, build_train_config
+from verl_helpers import printed_command
 
 verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
@@ -326,13 +326,6 @@ def _write_local(tmp_path: Path, mode: str = "sync") -> Path:
         )
     )
     return path
-
-
-def printed_command(output: str) -> tuple[dict[str, str], list[str]]:
-    """A printed command's environment (the `NAME=value` items in front) and the command itself."""
-    items = shlex.split(output.strip().splitlines()[-1])
-    n = next(i for i, item in enumerate(items) if not re.match(r"[A-Z_][A-Z0-9_]*=", item))
-    return dict(item.split("=", 1) for item in items[:n]), items[n:]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

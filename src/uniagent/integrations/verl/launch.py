@@ -64,6 +64,8 @@ USE_V1 = "trainer.use_v1"
 PLUGIN = "uniagent.integrations.verl.plugin"
 """verl plugin module every command loads (`plugin.py`: uniagent's step metrics)."""
 METRICS_ENV = "VERL_FILE_LOGGER_PATH"
+HYDRA_PRINTS = frozenset({"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help"})
+"""hydra's flags that print (the config, help) instead of running the job."""
 ENTRYPOINTS = {
     "verl.trainer.main_ppo",
     "verl.experimental.fully_async_policy.fully_async_main",
@@ -123,12 +125,12 @@ def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) ->
     return out
 
 
-def _value(overrides: list[str], key: str) -> str | None:
+def override_value(overrides: list[str], key: str) -> str | None:
     """The value the last override of `key` sets (quotes stripped), or None."""
     found = None
     for item in overrides:
-        if override_key(item) == key and not item.startswith("~"):
-            found = item.partition("=")[2].strip().strip("'\"")
+        if override_key(item) == key:
+            found = None if item.startswith("~") else item.partition("=")[2].strip().strip("'\"")
     return found
 
 
@@ -140,8 +142,8 @@ def metrics_file(overrides: list[str]) -> Path | None:
     default."""
     from uniagent.train.outputs import METRICS
 
-    sinks = (_value(overrides, "trainer.logger") or "").strip("[]")
-    ckpt = _value(overrides, "trainer.default_local_dir")
+    sinks = (override_value(overrides, "trainer.logger") or "").strip("[]")
+    ckpt = override_value(overrides, "trainer.default_local_dir")
     if "file" not in [s.strip().strip("'\"") for s in sinks.split(",")] or not ckpt or "${" in ckpt:
         return None
     folder = Path(ckpt).expanduser()
@@ -250,10 +252,15 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
 
 def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
-    tasks are written as verl parquet first (`local_config.prepare_data`). With a metrics file, the
+    tasks are written as verl parquet first (`local_config.prepare_data`), after the command is checked
+    against this host (`host.check_host`: CUDA, the rollout backend). With a metrics file, the
     last run's is removed first (verl's logger would truncate it) and a progress line is printed per
     step while verl runs (`progress.follow`)."""
+    from uniagent.integrations.verl.host import check_host
+
     command, translation, env = _plan(recipe, overrides)
+    if not HYDRA_PRINTS & {item.split("=", 1)[0] for item in command}:  # hydra only prints: any host
+        check_host(command[2], command[3:], env)
     if translation is not None:
         from uniagent.integrations.verl.local_config import prepare_data
 
@@ -265,7 +272,7 @@ def launch(recipe: str | Path, overrides: list[str]) -> int:
 
     metrics.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
-    steps = _value(command, "trainer.total_training_steps")
+    steps = override_value(command, "trainer.total_training_steps")
     done = threading.Event()
     follower = threading.Thread(
         target=follow, args=(metrics, int(steps) if steps and steps.isdigit() else None, done), daemon=True
