@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from uniagent.errors import ConfigError
-from uniagent.integrations.verl.launch import override_value
+from uniagent.integrations.verl.overrides import override_value
 
 ROLLOUT_MODULES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
 """verl's rollout backends and the package each imports."""

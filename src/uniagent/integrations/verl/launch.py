@@ -56,6 +56,7 @@ from typing import Any
 import yaml
 
 from uniagent.errors import ConfigError
+from uniagent.integrations.verl.overrides import override_key, override_value
 
 AGENT_LOOP_YAML = Path(__file__).with_name("agent_loop.yaml")
 RECIPES_DIR = Path(__file__).resolve().parents[4] / "recipes" / "verl"
@@ -125,15 +126,6 @@ def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) ->
     return out
 
 
-def override_value(overrides: list[str], key: str) -> str | None:
-    """The value the last override of `key` sets (quotes stripped), or None."""
-    found = None
-    for item in overrides:
-        if override_key(item) == key:
-            found = None if item.startswith("~") else item.partition("=")[2].strip().strip("'\"")
-    return found
-
-
 def metrics_file(overrides: list[str]) -> Path | None:
     """Where verl's file logger writes the run's metrics rows: `metrics.jsonl` in the run's output
     directory, the one holding `trainer.default_local_dir` when that is named `checkpoints` (a
@@ -148,11 +140,6 @@ def metrics_file(overrides: list[str]) -> Path | None:
         return None
     folder = Path(ckpt).expanduser()
     return (folder.parent if folder.name == "checkpoints" else folder).resolve() / METRICS
-
-
-def override_key(override: str) -> str:
-    """The config key an override sets (`+a.b=1`, `++a.b=1`, `~a.b` all set `a.b`)."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
