@@ -380,8 +380,13 @@ def test_launch_prepares_the_local_configs_data_first(tmp_path: Path, monkeypatc
 
     local = _write_local(tmp_path)
     monkeypatch.chdir(tmp_path)
+    earlier = (
+        tmp_path / "runs/train/metrics.jsonl"
+    )  # a run's metrics: hydra's --cfg runs nothing, so they stay
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"step": 1, "data": {}}\n')
     code = launch(local, ["--cfg", "job", "--package", "data"])
-    assert code == 0
+    assert code == 0 and earlier.read_text() == '{"step": 1, "data": {}}\n'
     frame = pd.read_parquet(tmp_path / "data/verl/starter-limit4/train.parquet")
     assert len(frame) == 4 and not (tmp_path / "data/verl/starter-limit4/val.parquet").exists()
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module
+from uniagent.integrations.verl.launch import metrics_file
 from uniagent.integrations.verl.metrics import step_metrics
 from uniagent.integrations.verl.progress import MetricsFollower, follow, progress_line
 
@@ -127,6 +128,18 @@ def test_the_plugin_adds_them_to_both_trainers_step_metrics() -> None:
     assert metrics["critic/score/mean"] == 0.0 and metrics["response_length/mean"] == 4.0  # verl's own
     assert metrics["uniagent/exit/finished"] == 1 and metrics["uniagent/exit/max_turns"] == 1
     assert metrics["uniagent/trainable_frac"] == 1.0
+
+
+def test_metrics_file_sits_beside_the_checkpoints(tmp_path: Path) -> None:
+    """verl's file logger writes where the dashboard looks: `trainer.output/metrics.jsonl`."""
+    ckpt = f"trainer.default_local_dir={tmp_path}/out/checkpoints"
+    assert metrics_file(["trainer.logger=[console,file]", ckpt]) == tmp_path / "out/metrics.jsonl"
+    assert metrics_file(["trainer.logger=['console','file']", f"trainer.default_local_dir={tmp_path}/x"]) == (
+        tmp_path / "x/metrics.jsonl"
+    )
+    assert metrics_file(["trainer.logger=[console]", ckpt]) is None  # no file logger
+    interpolated = "trainer.default_local_dir=checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    assert metrics_file(["trainer.logger=[console,file]", interpolated]) is None
 
 
 # -- the progress line -----------------------------------------------------------------------------------

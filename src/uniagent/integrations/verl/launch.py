@@ -237,6 +237,15 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
     )
 
 
+def _total_steps(command: list[str], translation: Any) -> int | None:
+    """The run's trainer steps, for the progress line: a local config's `trainer.steps` (verl's
+    fully-async trainer counts rollout steps, not these), else `trainer.total_training_steps`."""
+    if translation is not None:
+        return int(translation.cfg.trainer.steps)
+    steps = override_value(command, "trainer.total_training_steps")
+    return int(steps) if steps and steps.isdigit() else None
+
+
 def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
     tasks are written as verl parquet first (`local_config.prepare_data`), after the command is checked
@@ -246,23 +255,23 @@ def launch(recipe: str | Path, overrides: list[str]) -> int:
     from uniagent.integrations.verl.host import check_host
 
     command, translation, env = _plan(recipe, overrides)
-    if not HYDRA_PRINTS & {item.split("=", 1)[0] for item in command}:  # hydra only prints: any host
+    prints = bool(HYDRA_PRINTS & {item.split("=", 1)[0] for item in command})  # hydra prints, runs nothing
+    if not prints:
         check_host(command[2], command[3:], env)
     if translation is not None:
         from uniagent.integrations.verl.local_config import prepare_data
 
         prepare_data(translation.cfg)
-    metrics = Path(env[METRICS_ENV]) if METRICS_ENV in env else None
+    metrics = Path(env[METRICS_ENV]) if METRICS_ENV in env and not prints else None
     if metrics is None:
         return subprocess.call(command, env={**os.environ, **env})
     from uniagent.integrations.verl.progress import follow
 
     metrics.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
-    steps = override_value(command, "trainer.total_training_steps")
     done = threading.Event()
     follower = threading.Thread(
-        target=follow, args=(metrics, int(steps) if steps and steps.isdigit() else None, done), daemon=True
+        target=follow, args=(metrics, _total_steps(command, translation), done), daemon=True
     )
     follower.start()
     try:
