@@ -212,6 +212,75 @@ def test_command_takes_training_runs_with_train(train_dirs: tuple[Path, Path], t
     assert "0 run(s) and 2 training run(s)" in (server.proc.stdout.read() if server.proc.stdout else "")
 
 
+# -- a verl run: `uniagent train --engine verl` with a local config -----------------------------------------
+def verl_metrics(step: int) -> dict[str, Any]:
+    """Keys verl's trainers log for a step (a selection, real names), with uniagent's."""
+    return {
+        "training/global_step": step,
+        "critic/score/mean": 0.25 * step,
+        "actor/pg_loss": 0.1,
+        "actor/pg_clipfrac": 0.02,
+        "actor/grad_norm": 0.7,
+        "timing_s/step": 100.0 + step,
+        "timing_s/gen": 20.0,
+        "timing_s/update_actor": 60.0,
+        "perf/throughput": 300.0,
+        "response_length/mean": 50.0,
+        "uniagent/episodes": 4.0,
+        "uniagent/resolved_rate": 0.25,
+        "uniagent/untrainable": 1.0,
+        "uniagent/exit/finished": 3.0,
+        "uniagent/exit/sandbox_dead": 1.0,
+        "uniagent/policy_version/min": float(step - 2),
+    }
+
+
+def test_a_verl_runs_metrics_and_checkpoints_read_as_a_training_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's own `FileLogger` writes `trainer.output/metrics.jsonl` (as the launch has it do): the
+    page gets its keys under the page's names, every verl key kept, a step's several rows merged
+    (the fully-async trainer logs its timings, then the step), and verl's checkpoints."""
+    require_module("verl", "verl writes these rows (pip install -e .[verl])")
+    from verl.utils.tracking import FileLogger
+
+    out = tmp_path / "train_verl"
+    for step in (1, 2):
+        (out / "checkpoints" / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (out / "checkpoints" / "global_step_10").mkdir()
+    (out / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("10")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(out / "metrics.jsonl"))
+    logger = FileLogger("uniagent", "train_verl")
+    for step in (1, 2):
+        logger.log({"timing_s/param_sync": 1.5, "fully_async/count/current_param_version": step}, step=step)
+        logger.log(verl_metrics(step), step=step)
+    logger.finish()
+    with client_for([out]) as c:
+        run = c.get("/api/train/0").json()
+    assert [r["step"] for r in run["rows"]] == [1, 2] and run["skipped_lines"] == 0
+    row = run["rows"][1]
+    assert {
+        k: row[k] for k in ("reward_mean", "step_s", "rollout_s", "update_s", "loss", "resolved_rate")
+    } == {
+        "reward_mean": 0.5,
+        "step_s": 102.0,
+        "rollout_s": 20.0,
+        "update_s": 60.0,
+        "loss": 0.1,
+        "resolved_rate": 0.25,
+    }
+    assert row["exit_reasons"] == {"finished": 3, "sandbox_dead": 1}
+    assert row["rollout_tokens_per_s"] == pytest.approx(50.0 * 4 / 20.0)
+    assert row["mode"] == "async" and row["policy_version"] == 2 and row["staleness_max"] == 2
+    assert {k: v for k, v in row.items() if k in verl_metrics(2)} == verl_metrics(2)  # every verl key kept
+    assert row["timing_s/param_sync"] == 1.5  # from the step's first row
+    summary = run["summary"]
+    assert summary["steps"] == 2 and summary["reward_last"] == pytest.approx(0.375)
+    assert summary["wall_s"] == pytest.approx(203.0) and summary["untrainable"] == 2
+    assert summary["staleness_max"] == 2 and summary["mode"] == "async"
+    assert run["checkpoints"] == ["global_step_1", "global_step_2", "global_step_10"]
+
+
 @needs("Chromium", CHROMIUM.exists(), "apt-get install chromium (Debian's, at /usr/bin/chromium)")
 def test_the_page_overlays_two_runs_and_follows_a_growing_run(page, train_dirs) -> None:  # noqa: F811
     sync, async_ = train_dirs

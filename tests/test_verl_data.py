@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +23,7 @@ from uniagent.errors import ConfigError
 from uniagent.integrations.verl.data import COLUMNS, prepare
 from uniagent.integrations.verl.launch import (
     AGENT_LOOP_YAML,
+    PLUGIN,
     available_recipes,
     build_command,
     launch,
@@ -31,6 +31,7 @@ from uniagent.integrations.verl.launch import (
 )
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.tasks import load_tasks
+from verl_helpers import printed_command
 
 verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
@@ -143,8 +144,9 @@ def test_cli_data_prepare_and_verl_command(tmp_path: Path) -> None:
     assert "train: 16 rows" in result.output and (tmp_path / "val.parquet").exists()
     result = runner.invoke(app, ["verl", "command", "starter_gspo_fully_async", "trainer.total_epochs=1"])
     assert result.exit_code == 0, result.output
-    printed = shlex.split(result.output.strip())
+    env, printed = printed_command(result.output)
     assert printed == build_command("starter_gspo_fully_async", ["trainer.total_epochs=1"])
+    assert env == {"VERL_USE_EXTERNAL_MODULES": PLUGIN}  # every command loads uniagent's step metrics
     result = runner.invoke(app, ["verl", "recipes"])
     assert result.exit_code == 0 and "starter_grpo" in result.output
 

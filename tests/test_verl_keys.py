@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 import types
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from uniagent.integrations.verl.local_config import (
 )
 from uniagent.integrations.verl.settings import UniAgentLoopSettings
 from uniagent.train.config import TrainConfig, TrainerSection, build_train_config
+from verl_helpers import printed_command
 
 verl = require_module("verl", "verl is the training backend (pip install -e .[verl])")
 
@@ -157,7 +157,8 @@ def test_a_local_config_composes_in_verl_with_every_value_converted(mode: str, t
     corr = c.algorithm.rollout_correction
     assert corr.rollout_is == "token" and corr.rollout_is_threshold == "0.5_3.0" and corr.bypass_mode is False
     assert (
-        list(c.trainer.logger) == ["console", "tensorboard", "wandb"] and c.trainer.project_name == "uni-test"
+        list(c.trainer.logger) == ["console", "file", "tensorboard", "wandb"]
+        and c.trainer.project_name == "uni-test"
     )
     assert c.trainer.save_freq == 12 and c.trainer.total_epochs == 12
     assert c.uniagent.agent.max_turns == 4 and c.uniagent.agent.context.keep_turns == 3
@@ -337,8 +338,12 @@ def test_cli_train_engine_verl_takes_a_local_config(mode: str, tmp_path: Path) -
     sets = ["--set", "trainer.steps=7", "--set", "trainer.n_gpus_per_node=2"]
     result = CliRunner().invoke(app, [*args, *sets])
     assert result.exit_code == 0, result.output
-    printed = shlex.split(result.output.strip().splitlines()[-1])
+    env, printed = printed_command(result.output)
     assert printed[1:3] == ["-m", keys.ENTRY_FOR_MODE[mode]]
+    # verl's file logger writes the run's metrics into trainer.output, beside its checkpoints
+    assert env["VERL_FILE_LOGGER_PATH"] == str(Path("runs/train/metrics.jsonl").resolve())
+    assert any(item.startswith("trainer.logger=[console,file") for item in printed)
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "uniagent.integrations.verl.plugin"
     overrides = printed[3:]
     assert (
         "+uniagent.agent.max_turns=3" in overrides
@@ -355,7 +360,7 @@ def test_cli_train_engine_verl_takes_a_local_config(mode: str, tmp_path: Path) -
     compose_for(printed)
     # the recipe path keeps working
     result = CliRunner().invoke(app, ["train", "--engine", "verl", "--config", "starter_grpo", "--print"])
-    assert result.exit_code == 0 and shlex.split(result.output.strip()) == build_command("starter_grpo", [])
+    assert result.exit_code == 0 and printed_command(result.output)[1] == build_command("starter_grpo", [])
 
 
 def test_a_bad_local_key_is_a_config_error_naming_it(tmp_path: Path) -> None:
@@ -375,8 +380,13 @@ def test_launch_prepares_the_local_configs_data_first(tmp_path: Path, monkeypatc
 
     local = _write_local(tmp_path)
     monkeypatch.chdir(tmp_path)
+    earlier = (
+        tmp_path / "runs/train/metrics.jsonl"
+    )  # a run's metrics: hydra's --cfg runs nothing, so they stay
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"step": 1, "data": {}}\n')
     code = launch(local, ["--cfg", "job", "--package", "data"])
-    assert code == 0
+    assert code == 0 and earlier.read_text() == '{"step": 1, "data": {}}\n'
     frame = pd.read_parquet(tmp_path / "data/verl/starter-limit4/train.parquet")
     assert len(frame) == 4 and not (tmp_path / "data/verl/starter-limit4/val.parquet").exists()
 
@@ -456,13 +466,11 @@ def test_train_multiturn_on_verl_picks_the_cpu_recipe_with_its_environment() -> 
     args = ["train", "--engine", "verl", "--config", str(ROOT / "configs/train_multiturn.yaml"), "--print"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    printed = shlex.split(result.output.strip().splitlines()[-1])
-    env = dict(item.split("=", 1) for item in printed[:3])
+    env, command = printed_command(result.output)
     assert (
         env["VERL_PLATFORM"] == "cpu" and "uniagent.integrations.verl.cpu" in env["VERL_USE_EXTERNAL_MODULES"]
     )
     assert env["OMP_NUM_THREADS"].isdigit()
-    command = printed[3:]
     assert command[1:3] == ["-m", keys.SYNC_ENTRY]
     c = compose_for(command)
     assert c.actor_rollout_ref.rollout.name == "uniagent_local" and c.trainer.device == "cpu"
@@ -472,20 +480,22 @@ def test_train_multiturn_on_verl_picks_the_cpu_recipe_with_its_environment() -> 
 
     gpu = CliRunner().invoke(app, [*args, "--set", "model.device=cuda"])
     assert gpu.exit_code == 0, gpu.output
-    command = shlex.split(gpu.output.strip().splitlines()[-1])
+    command = printed_command(gpu.output)[1]
     assert command[1:3] == ["-m", keys.SYNC_ENTRY] and "actor_rollout_ref.rollout.name=vllm" in command
     assert f"actor_rollout_ref.model.path={keys.HUB_SMOLLM2}" in command
 
 
 def test_a_recipes_module_list_joins_the_callers_and_other_variables_are_the_recipes() -> None:
-    from uniagent.integrations.verl.launch import recipe_env
+    from uniagent.integrations.verl.launch import PLUGIN, recipe_env
 
     recipe = {
         "env": {"VERL_USE_EXTERNAL_MODULES": "a.b", "VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "{cpus}"}
     }
     env = recipe_env(recipe, {"VERL_USE_EXTERNAL_MODULES": "mine,a.b", "VERL_PLATFORM": "cuda"})
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "a.b,mine" and env["VERL_PLATFORM"] == "cpu"
+    # every command also loads uniagent's own plugin (its step metrics), after the recipe's modules
+    assert env["VERL_USE_EXTERNAL_MODULES"] == f"a.b,{PLUGIN},mine" and env["VERL_PLATFORM"] == "cpu"
     assert int(env["OMP_NUM_THREADS"]) >= 1
-    assert recipe_env(recipe, {})["VERL_USE_EXTERNAL_MODULES"] == "a.b"
+    assert recipe_env(recipe, {})["VERL_USE_EXTERNAL_MODULES"] == f"a.b,{PLUGIN}"
+    assert recipe_env({}, {})["VERL_USE_EXTERNAL_MODULES"] == PLUGIN
     with pytest.raises(ConfigError, match=r"model\.device"):
         build_command(str(ROOT / "configs/train_multiturn.yaml"), ["model.device=tpu"])

@@ -54,6 +54,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from uniagent.integrations.verl.data import prepare  # noqa: E402
 from uniagent.integrations.verl.engine import VerlEngine  # noqa: E402
 from uniagent.integrations.verl.launch import AGENT_LOOP_YAML  # noqa: E402
+from uniagent.integrations.verl.metrics import step_metrics  # noqa: E402
 
 GOLD, EMPTY = "textkit-001", "slugger-001"
 
@@ -319,6 +320,23 @@ def test_scripted_starter_episodes_through_verls_worker(base_config, tokenizer, 
     assert out.meta_info["reward_extra_keys"] == ["resolved"]
     assert list(nt["drift"]) == [None, None]
     assert list(nt["min_global_steps"]) == [3, 3] and list(nt["max_global_steps"]) == [3, 3]
+    # what verl's trainers log for this batch besides their own metrics (integrations/verl/metrics.py)
+    assert step_metrics(nt) == {
+        "uniagent/episodes": 2.0,
+        "uniagent/exit/finished": 2.0,
+        "uniagent/trainable_frac": 1.0,
+        "uniagent/untrainable": 0.0,
+        "uniagent/resolved_rate": 0.5,
+        "uniagent/no_gradient": 0.0,
+        "uniagent/drift": 0.0,
+        "uniagent/segments/mean": 1.0,
+        "uniagent/segments/max": 1.0,
+        "uniagent/segments_dropped": 0.0,
+        "uniagent/dropped_model_tokens": 0.0,
+        "uniagent/resumed_turns": 0.0,
+        "uniagent/policy_version/min": 3.0,
+        "uniagent/policy_version/max": 3.0,
+    }
     for i, instance in enumerate([GOLD, EMPTY]):
         sample = unpad(out, i)
         rid = nt["request_id"][i]
@@ -714,6 +732,9 @@ def test_legacy_worker_gets_the_last_segment_and_what_was_left_out(
     assert sample["mask"] == last.response_mask and sample["score"] == 1.0
     assert nt["segments"][0] == 2 and nt["segment_index"][0] == 1 and nt["segment_reason"][0] == "condensed"
     assert nt["segments_dropped"][0] == 1 and nt["dropped_model_tokens"][0] == first.num_model_tokens
+    logged = step_metrics(nt)
+    assert logged["uniagent/segments/max"] == 2 and logged["uniagent/segments_dropped"] == 1
+    assert logged["uniagent/dropped_model_tokens"] == first.num_model_tokens
 
 
 @pytest.mark.parametrize(

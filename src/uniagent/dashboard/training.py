@@ -8,6 +8,11 @@ is not a row yet and is left for the next read. Rows are passed on as written (e
 trainer logs, whatever its version) after the redactor; the summary computes only what a page
 cannot get by drawing the rows (totals over the run, the staleness histogram summed), and a key a
 run does not log (a sync run has no staleness) is `None` there, never an error.
+
+A verl run (`uniagent train --engine verl` with a local config) writes the same file in verl's own
+row format, `{"step": N, "data": {...}}`, several rows to a step: those rows are merged by step and
+read as the page's rows (`train.verl_rows.page_row`: the page's names added, every verl key kept),
+and verl's checkpoints (`checkpoints/global_step_N/`) are listed beside the local trainer's.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from fastapi.responses import FileResponse
 from uniagent.redact import Redactor
 from uniagent.runner.store import STORE_NAME, StoreError
 from uniagent.train.outputs import CURVE, METRICS, staleness_totals
+from uniagent.train.verl_rows import is_verl_row, merge_verl_rows, page_row
 
 CHECKPOINTS = "checkpoints"
 MEANS = ("step_s", "rollout_tokens_per_s", "train_tokens_per_s", "trainer_idle_frac", "engine_idle_frac")
@@ -65,7 +71,8 @@ def read_metrics_live(path: Path) -> tuple[list[dict[str, Any]], int]:
     object with a step (counted, so the page can say so). A step logged twice (a crash between
     writing a row and checkpointing it, then a resume) keeps its last row: the curve the resumed
     run continued. (`train.outputs.read_metrics` reads a finished file, for plots; this one reads a
-    file that a running trainer is writing.)
+    file that a running trainer is writing.) verl's rows of one step are merged instead, and the
+    step read as the page's row (module docstring).
     """
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -74,6 +81,7 @@ def read_metrics_live(path: Path) -> tuple[list[dict[str, Any]], int]:
     lines = text.split("\n")
     lines.pop()  # "" after the last newline, or the half-written line
     by_step: dict[int, dict[str, Any]] = {}
+    verl: list[dict[str, Any]] = []
     skipped = 0
     for line in lines:
         if not line.strip():
@@ -87,7 +95,12 @@ def read_metrics_live(path: Path) -> tuple[list[dict[str, Any]], int]:
         if not isinstance(row, dict):
             skipped += 1
             continue
-        by_step[step] = row
+        if is_verl_row(row):
+            verl.append(row)
+        else:
+            by_step[step] = row
+    for step, data in merge_verl_rows(verl).items():
+        by_step[step] = page_row(step, data)
     return [by_step[s] for s in sorted(by_step)], skipped
 
 
@@ -152,8 +165,14 @@ class TrainingRun:
         return read_metrics_live(self.dir / METRICS)
 
     def checkpoints(self) -> list[str]:
+        """The local trainer's `step_N.pt` files and verl's `global_step_N` directories, by step."""
         folder = self.dir / CHECKPOINTS
-        return sorted(p.name for p in folder.glob("step_*.pt")) if folder.is_dir() else []
+        if not folder.is_dir():
+            return []
+        verl = [p for p in folder.glob("global_step_*") if p.is_dir() and p.name[12:].isdigit()]
+        return sorted(p.name for p in folder.glob("step_*.pt")) + [
+            p.name for p in sorted(verl, key=lambda p: int(p.name[12:]))
+        ]
 
     def info(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The run's figures, read now, and the rows they were computed from."""

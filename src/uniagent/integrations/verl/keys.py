@@ -181,7 +181,9 @@ def _staleness(cfg: TrainConfig) -> Values:
 
 
 def _logger(cfg: TrainConfig) -> Values:
-    sinks = ["console"] + (["tensorboard"] if cfg.trainer.tensorboard else [])
+    """verl's loggers: the console, its file logger always (the run's `metrics.jsonl`, which the
+    dashboard and the progress lines read; `launch.metrics_file`), then what the config asks for."""
+    sinks = ["console", "file"] + (["tensorboard"] if cfg.trainer.tensorboard else [])
     if cfg.trainer.wandb_project:
         sinks.append("wandb")
     out = {"trainer.logger": sinks}
@@ -429,7 +431,9 @@ KNOBS: dict[str, Knob] = {
         "rollout.agent.num_workers workers (async: async_training.concurrent_samples_per_replica each)",
     ),
     "trainer.output": Knob(
-        ("trainer.default_local_dir", "trainer.experiment_name"), "OUTPUT/checkpoints; the run name", _output
+        ("trainer.default_local_dir", "trainer.experiment_name"),
+        "OUTPUT/checkpoints (metrics: OUTPUT/metrics.jsonl); the run name",
+        _output,
     ),
     "trainer.save_every": Knob(
         ("trainer.save_freq",),
@@ -442,7 +446,9 @@ KNOBS: dict[str, Knob] = {
         "the task order's shuffle and the sampling seed",
         lambda c: {"data.seed": c.trainer.seed, ROLLOUT + "seed": c.trainer.seed},
     ),
-    "trainer.tensorboard": Knob(("trainer.logger",), "tensorboard in trainer.logger", _logger),
+    "trainer.tensorboard": Knob(
+        ("trainer.logger",), "file (metrics.jsonl), tensorboard in trainer.logger", _logger
+    ),
     "trainer.wandb_project": Knob(
         ("trainer.logger", "trainer.project_name"), "wandb in trainer.logger; project_name", _logger
     ),

@@ -18,7 +18,14 @@ and platform, `VERL_USE_EXTERNAL_MODULES` / `VERL_PLATFORM`): `launch` sets it o
 workers inherit it from there), the printed command carries it in front (`VAR=value python -m ...`),
 and `{cpus}` in a value is this machine's core count. A module list (`VERL_USE_EXTERNAL_MODULES`)
 is joined with what the caller's environment already lists (the recipe's first: a platform plugin
-registers before anything else asks verl for the platform); any other variable is the recipe's.
+registers before anything else asks verl for the platform, then `plugin.py`, which every command
+gets: it adds uniagent's step metrics to verl's); any other variable is the recipe's.
+
+Where a run's files go (`metrics_file`): checkpoints in `trainer.default_local_dir` (a local
+config's `trainer.output/checkpoints`), and, when `trainer.logger` has verl's `file` logger, its
+metrics rows in `metrics.jsonl` beside them (`VERL_FILE_LOGGER_PATH`, set on the command), the file
+`uniagent dashboard --train DIR` reads. While the run goes, `launch` follows that file and prints one
+progress line per step (`progress.py`), readable in a CI log.
 
 Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
 (`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt
@@ -42,17 +49,24 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from uniagent.errors import ConfigError
+from uniagent.integrations.verl.overrides import override_key, override_value
 
 AGENT_LOOP_YAML = Path(__file__).with_name("agent_loop.yaml")
 RECIPES_DIR = Path(__file__).resolve().parents[4] / "recipes" / "verl"
 
 USE_V1 = "trainer.use_v1"
+PLUGIN = "uniagent.integrations.verl.plugin"
+"""verl plugin module every command loads (`plugin.py`: uniagent's step metrics)."""
+METRICS_ENV = "VERL_FILE_LOGGER_PATH"
+HYDRA_PRINTS = frozenset({"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help"})
+"""hydra's flags that print (the config, help) instead of running the job."""
 ENTRYPOINTS = {
     "verl.trainer.main_ppo",
     "verl.experimental.fully_async_policy.fully_async_main",
@@ -100,7 +114,10 @@ def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) ->
     """The variables the recipe's command needs, as they will be set (see the module docstring)."""
     environ = dict(os.environ) if environ is None else environ
     out: dict[str, str] = {}
-    for name, value in recipe.get("env", {}).items():
+    wanted = dict(recipe.get("env", {}))
+    modules = [m for m in wanted.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+    wanted["VERL_USE_EXTERNAL_MODULES"] = ",".join([*modules, *([PLUGIN] if PLUGIN not in modules else [])])
+    for name, value in wanted.items():
         value = value.replace("{cpus}", str(os.cpu_count() or 1))
         if name in _JOINED and environ.get(name):
             ours = [m for m in value.split(",") if m]
@@ -109,9 +126,20 @@ def recipe_env(recipe: dict[str, Any], environ: dict[str, str] | None = None) ->
     return out
 
 
-def override_key(override: str) -> str:
-    """The config key an override sets (`+a.b=1`, `++a.b=1`, `~a.b` all set `a.b`)."""
-    return override.split("=", 1)[0].lstrip("+~")
+def metrics_file(overrides: list[str]) -> Path | None:
+    """Where verl's file logger writes the run's metrics rows: `metrics.jsonl` in the run's output
+    directory, the one holding `trainer.default_local_dir` when that is named `checkpoints` (a
+    local config's `trainer.output/checkpoints`), else that directory itself. None when
+    `trainer.logger` has no `file` logger or the checkpoint directory is verl's interpolated
+    default."""
+    from uniagent.train.outputs import METRICS
+
+    sinks = (override_value(overrides, "trainer.logger") or "").strip("[]")
+    ckpt = override_value(overrides, "trainer.default_local_dir")
+    if "file" not in [s.strip().strip("'\"") for s in sinks.split(",")] or not ckpt or "${" in ckpt:
+        return None
+    folder = Path(ckpt).expanduser()
+    return (folder.parent if folder.name == "checkpoints" else folder).resolve() / METRICS
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
@@ -178,7 +206,11 @@ def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any, dic
         raise ConfigError(f"{data['path']}: a base recipe for {translation.entrypoint} is needed")
     resolved = resolve_overrides(data, list(overrides))
     check_trainer_path(data["entrypoint"], resolved, check_overrides(resolved))
-    return [sys.executable, "-m", data["entrypoint"], *resolved], translation, recipe_env(data)
+    env = recipe_env(data)
+    metrics = metrics_file(resolved)
+    if metrics is not None:
+        env[METRICS_ENV] = str(metrics)
+    return [sys.executable, "-m", data["entrypoint"], *resolved], translation, env
 
 
 def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, Any]) -> None:
@@ -205,12 +237,45 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
     )
 
 
+def _total_steps(command: list[str], translation: Any) -> int | None:
+    """The run's trainer steps, for the progress line: a local config's `trainer.steps` (verl's
+    fully-async trainer counts rollout steps, not these), else `trainer.total_training_steps`."""
+    if translation is not None:
+        return int(translation.cfg.trainer.steps)
+    steps = override_value(command, "trainer.total_training_steps")
+    return int(steps) if steps and steps.isdigit() else None
+
+
 def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
-    tasks are written as verl parquet first (`local_config.prepare_data`)."""
+    tasks are written as verl parquet first (`local_config.prepare_data`), after the command is checked
+    against this host (`host.check_host`: CUDA, the rollout backend). With a metrics file, the
+    last run's is removed first (verl's logger would truncate it) and a progress line is printed per
+    step while verl runs (`progress.follow`)."""
+    from uniagent.integrations.verl.host import check_host
+
     command, translation, env = _plan(recipe, overrides)
+    prints = bool(HYDRA_PRINTS & {item.split("=", 1)[0] for item in command})  # hydra prints, runs nothing
+    if not prints:
+        check_host(command[2], command[3:], env)
     if translation is not None:
         from uniagent.integrations.verl.local_config import prepare_data
 
         prepare_data(translation.cfg)
-    return subprocess.call(command, env={**os.environ, **env})
+    metrics = Path(env[METRICS_ENV]) if METRICS_ENV in env and not prints else None
+    if metrics is None:
+        return subprocess.call(command, env={**os.environ, **env})
+    from uniagent.integrations.verl.progress import follow
+
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.unlink(missing_ok=True)
+    done = threading.Event()
+    follower = threading.Thread(
+        target=follow, args=(metrics, _total_steps(command, translation), done), daemon=True
+    )
+    follower.start()
+    try:
+        return subprocess.call(command, env={**os.environ, **env})
+    finally:
+        done.set()
+        follower.join(timeout=30)

@@ -41,7 +41,16 @@ def base_recipe(cfg: TrainConfig) -> str:
     mode, device = cfg.trainer.mode, keys.verl_device(cfg)
     if (mode, device) not in BASE_RECIPE:
         have = ", ".join(f"{m} on {d}" for m, d in BASE_RECIPE)
-        raise ConfigError(f"trainer.mode={mode} with model.device={cfg.model.device}: verl runs {have}")
+        hint = (
+            "; for verl's fully-async trainer on CPU launch the recipe `uniagent verl launch "
+            "multiturn_gspo_fully_async_cpu`"
+            if (mode, device) == ("async", "cpu")
+            else ""
+        )
+        raise ConfigError(
+            f"trainer.mode={mode} with model.device={cfg.model.device}: a local config runs on verl as "
+            f"{have}{hint}"
+        )
     return BASE_RECIPE[mode, device]
 
 

@@ -15,7 +15,8 @@ multiturn_grpo_cpu.yaml` has the whole command). What is registered where:
   trainer-side adapter under ("uniagent_local", "async") in `verl.workers.rollout.base._ROLLOUT_REGISTRY`
   (`rollout.py`); the registry holds a dotted path, so the adapter module loads only when used;
 - verl's FSDP engines under device "cpu" in `verl.workers.engine.EngineRegistry`;
-- the one override of a verl function, the default process-group backend (`compat.py`);
+- the overrides of verl functions (`compat.py`): the default process-group backend, and uniagent's
+  step metrics added to `compute_data_metrics` (the latter also by `..plugin`, for every run);
 - for disaggregated (fully-async) trainers, the checkpoint engine "uniagent_ray" (`checkpoint.py`),
   registered by verl itself when it imports `checkpoint_engine.custom_backend_module` (that module
   imports `verl.checkpoint_engine`, which is not safe to import from inside `import verl`).
@@ -58,14 +59,15 @@ def _register_fsdp_engines() -> None:
 
 
 def register() -> None:
-    """Register the CPU platform, the uniagent_local rollout and the backend override (idempotent)."""
+    """Register the CPU platform, the uniagent_local rollout and the overrides (idempotent)."""
     global _registered
     if _registered:
         return
     import uniagent.integrations.verl.cpu.platform  # noqa: F401  (registers PlatformCPU)
-    from uniagent.integrations.verl.cpu.compat import patch_process_group_backend
+    from uniagent.integrations.verl.cpu.compat import log_uniagent_step_metrics, patch_process_group_backend
 
     patch_process_group_backend()
+    log_uniagent_step_metrics()
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 

@@ -1,4 +1,9 @@
-"""The one verl function the CPU platform has to override: the default process-group backend.
+"""The verl functions uniagent overrides, each a stand-in for a fix or hook upstream lacks.
+
+`patch_process_group_backend`: the default process-group backend (the CPU platform needs it).
+`log_uniagent_step_metrics`: uniagent's per-step figures in verl's training metrics (every run).
+
+The default process-group backend:
 
 `verl.utils.distributed.initialize_global_process_group_ray` builds, when no backend is given,
 `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`. With the CPU platform that is
@@ -46,3 +51,42 @@ def patch_process_group_backend() -> None:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "initialize_global_process_group_ray"):
             module.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+_METRICS_MARK = "__uniagent_step_metrics__"
+# Modules that `from verl.trainer.ppo.metric_utils import compute_data_metrics` at import time.
+_METRIC_IMPORTERS = ("verl.trainer.ppo.ray_trainer", "verl.experimental.separation.ray_trainer")
+
+
+def log_uniagent_step_metrics() -> None:
+    """Make verl's `compute_data_metrics` also return `integrations/verl/metrics.py:step_metrics` of
+    the batch (idempotent), so each logged training step carries uniagent's figures.
+
+    verl 0.9 has no hook for per-step metrics of its own making: the agent loop's extra fields reach
+    the trained batch as `non_tensor_batch` columns, but neither the legacy trainer nor the
+    fully-async one reduces them (verl issue #4545; its open PR #5793 would log only numeric
+    `reward_extra_info`). `compute_data_metrics(batch)` is the one call both trainers make with the
+    trained batch whose result goes into the step's metrics, so the stand-in wraps it and adds keys
+    under `uniagent/` (nothing of verl's changes; a batch without `exit_reason` adds nothing). Drop it
+    when verl logs agent-loop fields itself. Installed on `metric_utils` from inside `import verl`
+    (the plugin hook), before the trainers import the name; a trainer module already imported gets
+    it replaced too.
+    """
+    import verl.trainer.ppo.metric_utils as metric_utils
+
+    original = metric_utils.compute_data_metrics
+    if getattr(original, _METRICS_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def compute_data_metrics(batch: Any, use_critic: bool = True) -> dict[str, Any]:
+        from uniagent.integrations.verl.metrics import step_metrics
+
+        return {**original(batch=batch, use_critic=use_critic), **step_metrics(batch.non_tensor_batch)}
+
+    setattr(compute_data_metrics, _METRICS_MARK, True)
+    metric_utils.compute_data_metrics = compute_data_metrics
+    for name in _METRIC_IMPORTERS:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "compute_data_metrics"):
+            module.compute_data_metrics = compute_data_metrics
