@@ -31,11 +31,12 @@ order, and every generated token is trained with the episode's advantage; GSPO's
 then per segment (verl's `compute_policy_loss_gspo` normalises over a row's mask). Use GRPO there:
 verl's other estimators see each segment as a sample of the group. verl's other workers take one
 output per sample: the legacy `AgentLoopWorker._agent_loop_postprocess` pads exactly one output,
-and `RayPPOTrainer.fit` (`main_ppo` with `trainer.use_v1=False`, what our recipes set) unions the
-generated batch row for row with the prompts (`batch.union(gen_batch_output)`); the fully-async
-rollouter uses the same worker. There the loop returns the episode's last segment (the one that
-ends in the answer the reward is for) and says what was left out in `extra_fields`
-(`segments_dropped`, `dropped_model_tokens`); an episode of one segment loses nothing.
+and `RayPPOTrainer.fit` (`main_ppo` with `trainer.use_v1=False`, what the recipes set but
+`multiturn_grpo_v1_cpu`) unions the generated batch row for row with the prompts
+(`batch.union(gen_batch_output)`); the fully-async rollouter uses the same worker. There the loop
+returns the episode's last segment (the one that ends in the answer the reward is for) and says what
+was left out in `extra_fields` (`segments_dropped`, `dropped_model_tokens`); an episode of one segment
+loses nothing.
 
 Secrets: every episode goes through `uniagent.redact` (the environment's secrets and the sandbox
 settings' tokens) before verl sees it, as `uniagent run` stores it: an episode whose tokens held a
@@ -53,15 +54,16 @@ turn) and, when the last of them ends, raises `TrainingError` if more than
 `max_infra_failure_share` of them ended in an untrainable exit reason. The exception leaves `run`,
 so verl's `asyncio.gather` in `AgentLoopWorker.generate_sequences` fails and so does the step
 instead of training on what is left: under `main_ppo`'s legacy trainer (`trainer.use_v1=False`, what
-our GPU recipes set) the batch is the worker's chunk of the step and the run stops; under the
-fully-async rollouter it is one prompt's group, and the exception ends the rollouter's stream. Under
-verl's V1 trainer (`trainer.use_v1=True`) workers fire and forget each prompt and a raise only tags
-its group `failure` (verl logs it and trains on the group's other sessions), so there the loop does
-not raise: every output carries its exit reason and the loop's share (`extra_fields`), and uniagent's
-replay buffer (`sampler.py`, verl's `trainer.v1.sampler.custom_sampler`) checks the step's whole batch
-before verl trains on it. Without that replay buffer nothing would check, so a V1 run with the check
-on and another replay buffer fails every sample (`check_v1_sampler`), and `uniagent verl
-command|launch` refuses it before launching (`launch.check_trainer_path`). An output with no response
+the recipes set but `multiturn_grpo_v1_cpu`) the batch is the worker's chunk of the step and the run
+stops; under the fully-async rollouter it is one prompt's group, and the exception ends the
+rollouter's stream. Under verl's V1 trainer (`trainer.use_v1=True`) workers fire and forget each
+prompt and a raise only tags its group `failure` (verl logs it and trains on the group's other
+sessions), so there the loop does not raise: every output carries its exit reason and the loop's
+share (`extra_fields`), and uniagent's replay buffer (`sampler.py`, verl's
+`trainer.v1.sampler.custom_sampler`) checks the step's whole batch before verl trains on it. Without
+that replay buffer nothing would check, so a V1 run with the check on and another replay buffer
+fails every sample (`check_v1_sampler`), and `uniagent verl command|launch` refuses it before
+launching (`launch.check_trainer_path`). An output with no response
 (no turn ran) gets one untrained token under V1 (`untrained_token`), which V1's storage needs.
 """
 
