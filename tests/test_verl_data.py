@@ -353,3 +353,27 @@ def test_v1_replay_buffer_is_what_verl_loads_for_the_recipe() -> None:
         cls(**{**kwargs, "sampler_kwargs": {}})
     ours, verls = (inspect.signature(c._materialize_batch) for c in (cls, ReplayBuffer))
     assert list(ours.parameters) == list(verls.parameters)
+
+
+def test_a_recipe_extends_another_by_base(tmp_path: Path) -> None:
+    """`base:`: the base's overrides first, the recipe's own replacing them key by key; env and vars
+    merged; the entry point is the base's; a different entry point or a cycle is a ConfigError."""
+    v1, base = load_recipe("multiturn_grpo_v1_cpu"), load_recipe("multiturn_grpo_cpu")
+    assert v1["overrides"][: len(base["overrides"])] == base["overrides"]
+    assert v1["env"] == base["env"] and v1["vars"] == base["vars"] and "local_config" not in v1
+    assert v1["entrypoint"] == base["entrypoint"] and v1["base"] == base["path"]
+    resolved = build_command("multiturn_grpo_v1_cpu", [])
+    assert "trainer.use_v1=True" in resolved and "trainer.use_v1=False" not in resolved
+    assert len([o for o in resolved if o.startswith("trainer.total_training_steps=")]) == 1
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        "base: multiturn_grpo_cpu\nentrypoint: verl.experimental.fully_async_policy.fully_async_main\n"
+        "overrides: []\n"
+    )
+    with pytest.raises(ConfigError, match="differs from its base"):
+        load_recipe(other)
+    loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    loop_a.write_text(f"base: {loop_b}\noverrides: []\n")
+    loop_b.write_text(f"base: {loop_a}\noverrides: []\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_recipe(loop_a)
