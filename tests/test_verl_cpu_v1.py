@@ -1,4 +1,5 @@
-"""verl's V1 trainer on a CPU-only machine: one GRPO step of `main_ppo` with `trainer.use_v1=True`.
+"""verl's V1 trainer on a CPU-only machine: one GRPO step of `main_ppo` with `trainer.use_v1=True`, and
+the infrastructure-failure stop refusing a step's batch there.
 
 Real parts, nothing faked: `python -m verl.trainer.main_ppo` (V1's `TaskRunnerV1` and sync
 `PPOTrainer`), TransferQueue on a local Ray cluster, verl's FSDP2 engine over gloo on the CPU platform,
@@ -85,3 +86,28 @@ def test_verl_cpu_v1_takes_one_grpo_step(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(started) == 1 and [u["global_steps"] for u in updates] == [0, 1]
     assert updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_verl_cpu_v1_stops_before_training_a_batch_of_infrastructure_failures(tmp_path: Path) -> None:
+    """Every episode's sandbox fails to start (a root filesystem that does not exist): verl's V1 worker
+    only tags the group, but uniagent's replay buffer counts 2 of 2 infrastructure failures in step
+    1's batch and raises before anything trains, so the run fails with the counts, no step is logged,
+    and the engine never gets trained weights (only the initial sync). ~1.5 minutes."""
+    run = run_recipe(
+        tmp_path,
+        "multiturn_grpo_v1_cpu",
+        [
+            "data.train_batch_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "+uniagent.sandbox.rootfs=/nonexistent-rootfs",
+            "+uniagent.sandbox.start_retries=0",
+        ],
+        timeout=600,
+    )
+    print(json.dumps({"wall_s": round(run.wall_s, 1), "returncode": run.returncode}))
+    assert run.returncode != 0
+    assert "TrainingError: verl V1 training batch of step 1 (1 group(s) x 2): 2 of 2 episodes" in run.log
+    assert "uniagent.max_infra_failure_share=0.5" in run.log and "/nonexistent-rootfs" in run.log
+    assert parse_steps(run.log) == {}
+    assert [u["global_steps"] for u in run.events_of("update")] == [0]
