@@ -234,9 +234,9 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
     if any(given.get(key) != value for key, value in V1_SAMPLER.items()):
         raise ConfigError(
             f"{USE_V1}={use_v1}: verl's V1 trainer logs a failed sample and trains on the rest of its group "
-            f"(trainer/ppo/v1/agent_loop_tq.py:123-131), so {setting} needs uniagent's replay buffer to stop "
-            f"the step: add {' '.join(V1_SAMPLER_OVERRIDES)} (recipe multiturn_grpo_v1_cpu has them), "
-            f"keep {USE_V1}=False, {off}"
+            f"(verl 0.9.1 trainer/ppo/v1/agent_loop_tq.py:133-143), so {setting} needs uniagent's "
+            f"replay buffer to stop the step: add {shlex.join(V1_SAMPLER_OVERRIDES)} "
+            f"(recipe multiturn_grpo_v1_cpu has them), keep {USE_V1}=False, {off}"
         )
     mode = given.get("trainer.v1.trainer_mode") or "sync"
     if mode != "sync":
@@ -246,7 +246,7 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
     if (given.get("algorithm.filter_groups.enable") or "false").lower() == "true":
         raise ConfigError(
             f"algorithm.filter_groups.enable=True: verl gives a custom replay buffer no group filter "
-            f"(trainer/ppo/v1/trainer_base.py:163-166), and {setting} needs uniagent's; {off}"
+            f"(verl 0.9.1 trainer/ppo/v1/trainer_base.py:163-166), and {setting} needs uniagent's; {off}"
         )
 
 
