@@ -93,7 +93,7 @@ def test_verl_cpu_v1_stops_before_training_a_batch_of_infrastructure_failures(tm
     """Every episode's sandbox fails to start (a root filesystem that does not exist): verl's V1 worker
     only tags the group, but uniagent's replay buffer counts 2 of 2 infrastructure failures in step
     1's batch and raises before anything trains, so the run fails with the counts, no step is logged,
-    and the engine never gets trained weights (only the initial sync). ~1.5 minutes."""
+    and the engine never gets trained weights (only the initial sync). 1 to 1.5 minutes."""
     run = run_recipe(
         tmp_path,
         "multiturn_grpo_v1_cpu",
