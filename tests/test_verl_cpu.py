@@ -15,12 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import secrets
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -35,22 +31,15 @@ from uniagent.integrations.verl.cpu.rollout import (  # noqa: E402
     LocalRolloutReplica,
     LocalServerAdapter,
 )
-
-TESTS = Path(__file__).resolve().parent
-SRC = TESTS.parent / "src"
-ROOT = TESTS.parent
-PLUGIN = "uniagent.integrations.verl.cpu"
-RUN_TOKEN = "UNIAGENT_VERL_CPU_RUN"
-
-
-def _cpu_env(*modules: str) -> dict[str, str]:
-    path = os.pathsep.join([str(SRC), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {
-        **os.environ,
-        "PYTHONPATH": path,
-        "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN, *modules]),
-        "VERL_PLATFORM": "cpu",
-    }
+from verl_cpu_helpers import (  # noqa: E402
+    ROOT,
+    cpu_env,
+    events_override,
+    parse_steps,
+    read_metrics,
+    run_command,
+    run_recipe,
+)
 
 
 # -- registrations ------------------------------------------------------------------------------------
@@ -104,7 +93,7 @@ print(json.dumps({
     "empty_cache": repr(get_torch_device().empty_cache()),
 }))
 """
-    env = {**_cpu_env(), "RANK": "0", "WORLD_SIZE": "1"}
+    env = {**cpu_env(), "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -184,136 +173,6 @@ async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path:
 
 
 # -- verl's legacy trainer, 2 GRPO steps ---------------------------------------------------------------
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?|nan|inf")
-
-
-def parse_steps(text: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines `step:N - key:value - ...` (values may read `np.float64(0.1)`)."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in text.splitlines():
-        match = re.search(r"step:(\d+) - (.*)$", line)
-        if not match:
-            continue
-        metrics: dict[str, float] = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.partition(":")
-            number = _NUMBER.search(value.split("(")[-1])
-            if number:
-                metrics[key.strip()] = float(number.group(0))
-        steps[int(match.group(1))] = metrics
-    return steps
-
-
-class _RssSampler:
-    """Peak memory of every process carrying this run's token (driver, Ray, workers, servers), summed:
-    RSS (shared pages counted in each process) and PSS (shared pages split among their users)."""
-
-    def __init__(self, token: str) -> None:
-        self.token = f"{RUN_TOKEN}={token}".encode()
-        self.peak_bytes = 0
-        self.peak_pss_bytes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def pids(self) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if self.token in (entry / "environ").read_bytes():
-                        found.append(int(entry.name))
-                except OSError:
-                    continue
-        return found
-
-    def _run(self) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
-        while not self._stop.wait(1.0):
-            rss = pss = 0
-            for pid in self.pids():
-                try:
-                    rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-                    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split("\n")
-                    pss += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) * 1024
-                except (OSError, IndexError, ValueError, StopIteration):
-                    continue
-            self.peak_bytes = max(self.peak_bytes, rss)
-            self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
-
-    def __enter__(self) -> _RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class RecipeRun:
-    """One verl recipe run to its end in a subprocess, as a user would launch it (see `run_command`)."""
-
-    def __init__(
-        self, returncode: int, log: str, wall_s: float, rss: _RssSampler, events: list[dict]
-    ) -> None:
-        self.returncode, self.log, self.wall_s, self.events = returncode, log, wall_s, events
-        self.peak_rss_gib = round(rss.peak_bytes / 2**30, 2)
-        self.peak_pss_gib = round(rss.peak_pss_bytes / 2**30, 2)
-
-    def events_of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["event"] == kind]
-
-
-def events_override(tmp_path: Path) -> str:
-    """The verl override that makes the rollout server log its events under `tmp_path`."""
-    return f"+actor_rollout_ref.rollout.custom={{uniagent_local_events:{tmp_path / 'rollout_events.jsonl'}}}"
-
-
-def run_recipe(tmp_path: Path, recipe: str, overrides: list[str], timeout: int = 1200) -> RecipeRun:
-    """Prepare the lookup data and run `recipe`'s command (data, checkpoints and the rollout server's
-    event log under `tmp_path`) with the CPU plugin and the probe loaded (`run_command`)."""
-    from uniagent.integrations.verl.data import prepare
-    from uniagent.integrations.verl.launch import build_command
-
-    data = tmp_path / "data"
-    prepare("builtin:lookup", data, val_size=0)
-    command = build_command(
-        recipe,
-        [
-            f"data_dir@={data}",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            events_override(tmp_path),
-            *overrides,
-        ],
-    )
-    env = {**_cpu_env("verl_cpu_probe"), "OMP_NUM_THREADS": "2"}
-    env["VERL_FILE_LOGGER_PATH"] = str(tmp_path / "metrics.jsonl")  # used where trainer.logger has "file"
-    return run_command(tmp_path, command, env, recipe, timeout)
-
-
-def run_command(
-    tmp_path: Path, command: list[str], env: dict[str, str], name: str, timeout: int
-) -> RecipeRun:
-    """Run `command` in `tmp_path` to its end, sampling the summed memory of every process of the run
-    (they carry a token in their environment) until Ray's have ended; the server's events read back."""
-    events = tmp_path / "rollout_events.jsonl"
-    token = secrets.token_hex(6)
-    env = {**env, RUN_TOKEN: token, "RAY_DEDUP_LOGS": "0"}
-    log_path = tmp_path / f"{name}.log"
-    start = time.monotonic()
-    with _RssSampler(token) as rss, log_path.open("w") as log:
-        proc = subprocess.run(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
-        )
-    wall = time.monotonic() - start
-    deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
-    while rss.pids() and time.monotonic() < deadline:
-        time.sleep(1)
-    lines = events.read_text().splitlines() if events.exists() else []
-    return RecipeRun(
-        proc.returncode, log_path.read_text(errors="replace"), wall, rss, [json.loads(x) for x in lines]
-    )
-
-
 @pytest.mark.slow
 def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     from uniagent.models.loading import smollm2_hf_dirs
@@ -341,7 +200,7 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     command = [uniagent, "train", "--engine", "verl", "--config", config]
     command += [arg for item in sets for arg in ("--set", item)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = _cpu_env()["PYTHONPATH"]  # Ray workers import the probe from tests/
+    env["PYTHONPATH"] = cpu_env()["PYTHONPATH"]  # Ray workers import the probe from tests/
     env["VERL_USE_EXTERNAL_MODULES"] = "verl_cpu_probe"  # joined after the recipe's CPU plugin
     env["UNIAGENT_PROBE_TOKENIZER"] = str(smollm2_hf_dirs()[1])
     run = run_command(tmp_path, command, env, "main_ppo", timeout=1200)
@@ -394,13 +253,6 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
 
 
 # -- verl's fully-async trainer, GSPO with partial rollout, 2 trainer steps --------------------------
-def read_metrics(path: Path) -> list[dict]:
-    """verl's file logger (`trainer.logger=[...,file]`): one `{"step": N, "data": {...}}` per log call."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_verl_cpu_fully_async_gspo_resumes_a_turn_across_a_weight_sync(tmp_path: Path) -> None:
     """`fully_async_main` on CPU: a standalone uniagent_local replica, weights through the uniagent_ray

@@ -234,9 +234,9 @@ MAIN_PPO_RECIPES = [
 
 def test_main_ppo_recipes_run_verls_legacy_trainer(monkeypatch) -> None:
     """verl's own `main_ppo.main` (the hydra task function, given the composed config) picks the
-    legacy TaskRunner for every main_ppo recipe: the trainer where UniAgentLoop's raise fails the
-    step (see launch.py). Only `run_ppo`, which would start Ray and the GPU workers, is replaced, to
-    record which runner it gets; the same command with use_v1=True reaches V1's runner."""
+    legacy TaskRunner for every main_ppo recipe but the V1 one: the trainer where UniAgentLoop's raise
+    fails the step (see launch.py). Only `run_ppo`, which would start Ray and the GPU workers, is
+    replaced, to record which runner it gets; use_v1=True (and multiturn_grpo_v1_cpu) reach V1's."""
     import verl.trainer.main_ppo as main_ppo
     from verl.trainer.main_ppo_v0 import TaskRunner
 
@@ -244,9 +244,10 @@ def test_main_ppo_recipes_run_verls_legacy_trainer(monkeypatch) -> None:
     monkeypatch.setattr(
         main_ppo, "run_ppo", lambda config, task_runner_class: runners.append(task_runner_class)
     )
-    assert {n for n in available_recipes() if load_recipe(n)["entrypoint"] == "verl.trainer.main_ppo"} == set(
-        MAIN_PPO_RECIPES
-    )
+    assert {n for n in available_recipes() if load_recipe(n)["entrypoint"] == "verl.trainer.main_ppo"} == {
+        *MAIN_PPO_RECIPES,
+        "multiturn_grpo_v1_cpu",
+    }
     for name in MAIN_PPO_RECIPES:
         cfg = compose_for(build_command(name, []))
         assert cfg.trainer.use_v1 is False
@@ -255,13 +256,19 @@ def test_main_ppo_recipes_run_verls_legacy_trainer(monkeypatch) -> None:
     v1 = build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=1.0"])
     main_ppo.main(compose_for(v1))
     assert runners.pop() is main_ppo.TaskRunnerV1
+    main_ppo.main(compose_for(build_command("multiturn_grpo_v1_cpu", [])))
+    assert runners.pop() is main_ppo.TaskRunnerV1
 
 
-def test_verl_command_refuses_v1_while_the_failure_check_is_on() -> None:
-    """Turning verl's V1 trainer back on (or deleting the key, which means V1) with the check on is one
-    ConfigError naming both settings, from `uniagent verl command` and `uniagent train --engine verl`;
-    turning the check off (share 1.0) allows it, and the fully-async entry point is not affected."""
+def test_verl_command_refuses_v1_without_uniagents_replay_buffer_while_the_check_is_on() -> None:
+    """Turning verl's V1 trainer on (or deleting the key, which means V1) with the check on and without
+    uniagent's replay buffer (`sampler.py`, which does the check there) is one ConfigError naming the
+    settings, why (verl's file:line) and the overrides to add, from `uniagent verl command` and
+    `uniagent train --engine verl`. With the replay buffer it is allowed, in V1's sync mode only and
+    without DAPO's group filter; turning the check off (share 1.0) allows anything; the fully-async
+    entry point is not affected."""
     from uniagent.cli import app
+    from uniagent.integrations.verl.settings import V1_SAMPLER_OVERRIDES
 
     for bad in (["trainer.use_v1=True"], ["trainer.use_v1=true"], ["~trainer.use_v1"]):
         for args in (
@@ -272,11 +279,20 @@ def test_verl_command_refuses_v1_while_the_failure_check_is_on() -> None:
             assert isinstance(result.exception, ConfigError), (args, result.output)
             message = str(result.exception)
             assert "trainer.use_v1" in message and "uniagent.max_infra_failure_share=0.5" in message
+            assert "agent_loop_tq.py:" in message and V1_SAMPLER_OVERRIDES[0] in message
             assert "\n" not in message and result.output == ""
     with pytest.raises(ConfigError, match=r"max_infra_failure_share=0\.2"):
         build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=0.2"])
-    ok = build_command("starter_grpo", ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=1.0"])
-    assert "trainer.use_v1=True" in ok
+    checked = build_command("starter_grpo", ["trainer.use_v1=True", *V1_SAMPLER_OVERRIDES])
+    assert "trainer.use_v1=True" in checked and V1_SAMPLER_OVERRIDES[-1] in checked
+    assert "trainer.use_v1=True" in build_command("multiturn_grpo_v1_cpu", [])
+    with pytest.raises(ConfigError, match="sync mode only"):
+        build_command("multiturn_grpo_v1_cpu", ["trainer.v1.trainer_mode=colocate_async"])
+    with pytest.raises(ConfigError, match="no group filter"):
+        build_command("multiturn_grpo_v1_cpu", ["algorithm.filter_groups.enable=True"])
+    off = ["trainer.use_v1=True", "+uniagent.max_infra_failure_share=1.0"]
+    assert "trainer.use_v1=True" in build_command("starter_grpo", off)
+    build_command("multiturn_grpo_v1_cpu", ["algorithm.filter_groups.enable=True", off[1]])
     assert "trainer.use_v1=False" in build_command("starter_grpo", [])
     build_command("starter_gspo_fully_async", [])
 
@@ -303,3 +319,63 @@ def test_launch_runs_verls_entrypoint(capfd) -> None:
     out = capfd.readouterr().out
     assert code == 0, out
     assert "partial_rollout: true" in out
+
+
+def test_v1_replay_buffer_is_what_verl_loads_for_the_recipe() -> None:
+    """verl builds the V1 recipe's replay buffer from its config as `_build_replay_buffer` does (its
+    loader, its keyword arguments): the sync buffer with the group size; the async modes and a missing
+    `rollout_n` are one-line errors; the override of verl's `_materialize_batch` keeps its signature."""
+    import inspect
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.utils.import_utils import load_extern_type
+
+    from uniagent.errors import ConfigError
+    from uniagent.integrations.verl.launch import build_command
+    from uniagent.integrations.verl.sampler import InfraCheckedReplayBuffer
+
+    cfg = compose_for(build_command("multiturn_grpo_v1_cpu", []))
+    OmegaConf.resolve(cfg)  # as TaskRunnerV1.run does before building the trainer
+    sampler = cfg.trainer.v1.sampler
+    cls = load_extern_type(sampler.custom_sampler.path, sampler.custom_sampler.name)
+    assert cls.__name__ == InfraCheckedReplayBuffer.__name__ and issubclass(cls, ReplayBuffer)
+    kwargs = dict(
+        trainer_mode=cfg.trainer.v1.trainer_mode,
+        trainer_config=cfg.trainer.v1.get(cfg.trainer.v1.trainer_mode, {}),
+        max_off_policy_threshold=sampler.max_off_policy_threshold,
+        max_off_policy_strategy=sampler.max_off_policy_strategy,
+        sampler_kwargs=sampler.sampler_kwargs,
+        refill_fn=lambda n: None,
+    )
+    assert cls(**kwargs).rollout_n == cfg.actor_rollout_ref.rollout.n == 2
+    with pytest.raises(ConfigError, match="trainer_mode=colocate_async"):
+        cls(**{**kwargs, "trainer_mode": "colocate_async"})
+    with pytest.raises(ConfigError, match=r"sampler_kwargs\.rollout_n"):
+        cls(**{**kwargs, "sampler_kwargs": {}})
+    ours, verls = (inspect.signature(c._materialize_batch) for c in (cls, ReplayBuffer))
+    assert list(ours.parameters) == list(verls.parameters)
+
+
+def test_a_recipe_extends_another_by_base(tmp_path: Path) -> None:
+    """`base:`: the base's overrides first, the recipe's own replacing them key by key; env and vars
+    merged; the entry point is the base's; a different entry point or a cycle is a ConfigError."""
+    v1, base = load_recipe("multiturn_grpo_v1_cpu"), load_recipe("multiturn_grpo_cpu")
+    assert v1["overrides"][: len(base["overrides"])] == base["overrides"]
+    assert v1["env"] == base["env"] and v1["vars"] == base["vars"] and "local_config" not in v1
+    assert v1["entrypoint"] == base["entrypoint"] and v1["base"] == base["path"]
+    resolved = build_command("multiturn_grpo_v1_cpu", [])
+    assert "trainer.use_v1=True" in resolved and "trainer.use_v1=False" not in resolved
+    assert len([o for o in resolved if o.startswith("trainer.total_training_steps=")]) == 1
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        "base: multiturn_grpo_cpu\nentrypoint: verl.experimental.fully_async_policy.fully_async_main\n"
+        "overrides: []\n"
+    )
+    with pytest.raises(ConfigError, match="differs from its base"):
+        load_recipe(other)
+    loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    loop_a.write_text(f"base: {loop_b}\noverrides: []\n")
+    loop_b.write_text(f"base: {loop_a}\noverrides: []\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_recipe(loop_a)

@@ -769,12 +769,12 @@ def test_unfinished_and_overlong_episodes_keep_their_reward_without_gradient(
     assert sample["mask"] == ([0] * len(last.response_mask) if why else last.response_mask)
 
 
-def _v1_worker(config, tokenizer):
+def _v1_worker(config, tokenizer, server: Any = None):
     """verl's V1 worker class (`AgentLoopWorkerTQ`, the Ray actor's own class), set up like
     `make_worker`; its `_run_agent_loop` and `_agent_loop_postprocess` run unmodified."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-    plain = make_worker(config, EngineServer(None), tokenizer)
+    plain = make_worker(config, server or EngineServer(None), tokenizer)
     worker = AgentLoopWorkerTQ.__ray_actor_class__.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
     worker.__dict__.update(plain.__dict__)
     return worker
@@ -882,3 +882,86 @@ def test_episode_outputs_lengths_and_masks_per_segment(codec) -> None:
     assert all(sum(o.response_mask) == 0 for o in episode_outputs(episode, [], **lengths))
     (last,) = episode_outputs(episode, [], all_segments=False, **lengths)
     assert last.prompt_ids == [1, 2, 3] and last.extra_fields["segments_dropped"] == 2
+
+
+def _run_v1_sessions(worker, batch: DataProto, uids: list[str]) -> None:
+    """Row i of `batch` as session i of its prompt group `uids[i]`, through V1's own `_run_agent_loop`."""
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+
+    info = asyncio.run(get_trajectory_info(1, list(range(len(uids))), False))
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def sessions():
+        for i, uid in enumerate(uids):
+            row = {k: v[i] for k, v in batch.non_tensor_batch.items()}
+            session = uids[:i].count(uid)
+            await worker._run_agent_loop(
+                params, info[i], trace=False, uid=uid, session_id=session, global_steps=1, **row
+            )
+
+    asyncio.run(sessions())
+
+
+def test_v1_stop_is_the_replay_buffers_check_of_the_steps_batch(
+    base_config, tokenizer, codec, data_dir, monkeypatch
+) -> None:
+    """Under V1 the loop does not raise on infrastructure failures (verl would log the error and lose the
+    sample, `sampler.py`): each output carries its exit reason and its loop's share, and uniagent's
+    replay buffer check (`sampler.check_batch`, what `InfraCheckedReplayBuffer.sample` runs on verl's
+    sampled batch) stops the step from them, a session that raised (no output) counting as
+    internal_error. A check-on loop whose run lacks that replay buffer refuses to run.
+    FAKE: TransferQueue's store, as in the test above, and the failing server."""
+    import transfer_queue as tq
+
+    from uniagent.errors import ConfigError, TrainingError
+    from uniagent.integrations.verl.sampler import check_batch
+    from uniagent.integrations.verl.settings import V1_SAMPLER
+
+    third = "intervals-001"
+    stored: dict[str, Any] = {}
+
+    async def capture(keys, fields, tags, partition_id):
+        for i, key in enumerate(keys):
+            stored[key] = fields["extra_fields"][i]
+
+    monkeypatch.setattr(tq, "async_kv_batch_put", capture)
+    config = make_config(base_config)  # the check on: share 0.5 (the agent-loop YAML's default)
+    for key, value in V1_SAMPLER.items():
+        OmegaConf.update(config, key, value)
+    server = FailingServer(scripted_engine(codec, {GOLD: gold_turns(starter(GOLD))}), {EMPTY, third})
+    worker = _v1_worker(config, tokenizer, server)
+    batch = dataset_batch(data_dir, config, tokenizer, [GOLD, EMPTY, third])
+    _run_v1_sessions(worker, batch, ["u1", "u1", "u2"])  # 2 of 3 failed: the loop did not raise
+
+    assert sorted(stored) == ["u1_0_0", "u1_1_0", "u2_0_0"]
+    fields = {k: getattr(v, "data", v) for k, v in stored.items()}
+    assert [fields[k]["exit_reason"] for k in sorted(fields)] == [
+        "finished",
+        "internal_error",
+        "internal_error",
+    ]
+    assert {f["max_infra_failure_share"] for f in fields.values()} == {0.5}
+    keys = sorted(fields)
+    # u2's second session raised (no output): 3 of 4 sessions failed, more than 0.5
+    with pytest.raises(TrainingError) as info:
+        check_batch(keys, [fields[k] for k in keys], ["u1", "u2"], 2, "step 1")
+    message = str(info.value)
+    assert "3 of 4 episodes are infrastructure failures (internal_error 3)" in message
+    assert "uniagent.max_infra_failure_share=0.5" in message and "scripted failure" in message
+    # u1 alone (1 of 2, not more than 0.5) is a batch like any other; its counts become step metrics
+    one = check_batch(keys[:2], [fields[k] for k in keys[:2]], ["u1"], 2, "step 1")
+    assert one == {"training/infra_failures": 1, "training/sessions_checked": 2}
+    # rows of another agent loop carry no exit reason: not counted, and no share to check against
+    assert check_batch(["u3_0_0"], [{}], ["u3"], 1, "s") == {
+        "training/infra_failures": 0,
+        "training/sessions_checked": 0,
+    }
+
+    # the same loop under a V1 run without uniagent's replay buffer: nothing would check, so it refuses
+    stored.clear()
+    bare = _v1_worker(make_config(base_config), tokenizer, server)
+    with pytest.raises(ConfigError, match="needs uniagent's replay buffer"):
+        _run_v1_sessions(bare, dataset_batch(data_dir, config, tokenizer, [GOLD]), ["u1"])
+    assert stored == {}

@@ -223,7 +223,8 @@ def _filter_groups(cfg: TrainConfig) -> Values:
     if fg.enable and cfg.trainer.max_infra_failure_share < 1.0:
         raise ConfigError(
             "algo.filter_groups.enable=true: only verl's V1 trainer (trainer.use_v1=True) filters groups, "
-            "and under V1 trainer.max_infra_failure_share cannot stop a step (integrations/verl/launch.py); "
+            "and there trainer.max_infra_failure_share is checked by uniagent's replay buffer, which verl "
+            "gives no group filter (integrations/verl/sampler.py); "
             "set trainer.max_infra_failure_share=1.0 to train with dynamic sampling on verl"
         )
     out: Values = {"algorithm.filter_groups.enable": fg.enable, "algorithm.filter_groups.metric": fg.metric}
@@ -363,7 +364,8 @@ KNOBS: dict[str, Knob] = {
     "algo.filter_groups.enable": Knob(
         ("algorithm.filter_groups.enable", "trainer.use_v1"),
         "same; only main_ppo's V1 trainer reads it, so enabled -> trainer.use_v1=True, which needs "
-        "trainer.max_infra_failure_share=1.0; refused in async mode (the fully-async trainer has none)",
+        "trainer.max_infra_failure_share=1.0 (the check's replay buffer has no group filter); refused in "
+        "async mode (the fully-async trainer has none)",
         _filter_groups,
     ),
     "algo.filter_groups.metric": Knob(

@@ -29,18 +29,23 @@ progress line per step (`progress.py`), readable in a CI log.
 
 Which trainer `main_ppo` runs (`check_trainer_path`): verl 0.9 defaults to its V1 trainer
 (`trainer.use_v1=True`), where each agent-loop worker fires and forgets one task per prompt
-(`AgentLoopWorkerTQ.generate_sequences`): a sample's exception only marks its prompt's group
-`failure`, verl logs it and the sync replay buffer trains on the rest, padding what is missing.
-`UniAgentLoop`'s step check (`uniagent.max_infra_failure_share`) works by raising, so there it
-could never stop a step. The legacy trainer (`main_ppo_v0`, still shipped in 0.9.x, which our
-`verl<0.10` pin holds) gathers each worker's samples in one `asyncio.gather` and `ray.get`s them in
-`fit`, so the raise fails the step and the run; it is also the path the tests run, and it does not
-need TransferQueue (V1 does, from verl's `verl-core` extra). So the `main_ppo` recipes set
-`trainer.use_v1=False`, and a command that turns V1 back on while the check is on is refused.
-The price: the legacy trainer takes one output per sample, so of an episode with several segments
-(context condensed, history rewritten) only the last segment trains there; V1 takes one output per
-segment and trains them all (see `loop.py`). `trainer.use_v1=True
-+uniagent.max_infra_failure_share=1.0` chooses every segment over the step check.
+(`AgentLoopWorkerTQ.generate_sequences`, verl 0.9.1 `trainer/ppo/v1/agent_loop_tq.py:100-105`): a
+sample's exception only tags its prompt's group `failure` (`:133-143`), verl logs it and the sync
+replay buffer trains on the rest, padding what is missing. `UniAgentLoop`'s raise could never stop a
+step there, so under V1 the check (`uniagent.max_infra_failure_share`) is uniagent's replay buffer
+(`sampler.py`, named by `settings.V1_SAMPLER_OVERRIDES`), which checks the step's whole batch before
+verl trains on it; a V1 command with the check on must name it, keep V1's sync mode and leave
+`algorithm.filter_groups` off (verl gives a custom replay buffer no group filter), or it is refused.
+The legacy trainer (`main_ppo_v0`, still shipped in 0.9.x, which our `verl<0.10` pin holds) gathers
+each worker's samples in one `asyncio.gather` and `ray.get`s them in `fit`, so the loop's raise fails
+the step there; the GPU `main_ppo` recipes set `trainer.use_v1=False`, `multiturn_grpo_v1_cpu` runs
+V1. The legacy trainer takes one output per sample, so of an episode with several segments (context
+condensed, history rewritten) only the last segment trains there; V1 takes one output per segment and
+trains them all (see `loop.py`). `+uniagent.max_infra_failure_share=1.0` turns the check off anywhere.
+
+A recipe may extend another (`base: NAME`): the base's overrides come first and the recipe's own
+replace them key by key, as user overrides do; `env:` and `vars:` merge, the recipe's winning; the
+entry point is the base's (`_extend`).
 """
 
 from __future__ import annotations
@@ -89,11 +94,16 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
 
 
-def load_recipe(recipe: str | Path) -> dict[str, Any]:
+def load_recipe(recipe: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The recipe as a mapping, laid over its `base:` recipe when it names one (see `_extend`)."""
     path = recipe_path(recipe)
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: recipes extend each other in a cycle")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict) or not isinstance(data.get("overrides"), list):
         raise ConfigError(f"{path}: a verl recipe is a mapping with an `overrides:` list")
+    if data.get("base"):
+        data = _extend(load_recipe(str(data["base"]), (*_seen, path.resolve())), data, path)
     entry = data.get("entrypoint", "verl.trainer.main_ppo")
     if entry not in ENTRYPOINTS:
         raise ConfigError(f"{path}: entrypoint {entry!r} is not one of {', '.join(sorted(ENTRYPOINTS))}")
@@ -104,6 +114,25 @@ def load_recipe(recipe: str | Path) -> dict[str, Any]:
     data["env"] = {k: str(v) for k, v in env.items()}
     data["path"] = str(path)
     return data
+
+
+def _extend(base: dict[str, Any], data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A recipe with `base: OTHER` is OTHER's overrides followed by its own (a key it sets wins, in
+    its position, as a user override does), OTHER's `env:` and `vars:` updated by its own, and
+    OTHER's entry point, which it may only repeat. What describes one file (description, the local
+    config it is a twin of) is not inherited."""
+    entry = data.get("entrypoint", base["entrypoint"])
+    if entry != base["entrypoint"]:
+        raise ConfigError(f"{path}: entrypoint {entry!r} differs from its base's {base['entrypoint']!r}")
+    return {
+        "description": data.get("description", ""),
+        **{k: v for k, v in data.items() if k not in ("overrides", "env", "vars", "base")},
+        "entrypoint": entry,
+        "env": {**base["env"], **(data.get("env") or {})},
+        "vars": {**(base.get("vars") or {}), **(data.get("vars") or {})},
+        "overrides": [*base["overrides"], *data["overrides"]],
+        "base": base["path"],
+    }
 
 
 _JOINED = frozenset({"VERL_USE_EXTERNAL_MODULES"})
@@ -214,27 +243,43 @@ def _plan(recipe: str | Path, overrides: list[str]) -> tuple[list[str], Any, dic
 
 
 def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, Any]) -> None:
-    """Refuse verl's V1 trainer for `main_ppo` while a `UniAgentLoop` entry (`loops`: settings by
-    entry name) has the infrastructure-failure check on: V1 would drop the failed group and train on
-    (see the module docstring). `+uniagent.max_infra_failure_share=1.0` turns the check off."""
+    """Under verl's V1 trainer for `main_ppo`, while a `UniAgentLoop` entry (`loops`: settings by entry
+    name) has the infrastructure-failure check on, require what makes the check work there: uniagent's
+    replay buffer (`settings.V1_SAMPLER_OVERRIDES`, see `sampler.py`), verl's sync trainer mode, and no
+    `algorithm.filter_groups` (which a custom sampler does not get). `+uniagent.max_infra_failure_share=1.0`
+    turns the check off; the legacy trainer (`trainer.use_v1=False`) needs nothing."""
+    from uniagent.integrations.verl.settings import V1_SAMPLER, V1_SAMPLER_OVERRIDES
+
     if entrypoint != "verl.trainer.main_ppo":
         return
-    value = None  # absent or deleted: verl's default, V1
+    given: dict[str, str | None] = {}
     for item in overrides:
-        if override_key(item) == USE_V1:
-            value = None if item.startswith("~") else item.partition("=")[2].strip().lower()
+        given[override_key(item)] = None if item.startswith("~") else item.partition("=")[2].strip()
+    use_v1 = (given.get(USE_V1) or "true (verl default)").lower()
     checked = {
         name: s.max_infra_failure_share for name, s in loops.items() if s.max_infra_failure_share < 1.0
     }
-    if value == "false" or not checked:
+    if use_v1 == "false" or not checked:
         return
-    share = min(checked.values())
-    raise ConfigError(
-        f"{USE_V1}={value or 'true (verl default)'}: verl's V1 trainer drops a prompt group whose sample "
-        f"failed and trains on the rest, so uniagent.max_infra_failure_share={share:g} cannot stop a step; "
-        f"keep {USE_V1}=False (the recipes' setting) or pass +uniagent.max_infra_failure_share=1.0 "
-        "to train under V1 without the check"
-    )
+    setting = f"uniagent.max_infra_failure_share={min(checked.values()):g}"
+    off = "or pass +uniagent.max_infra_failure_share=1.0 to train without the check"
+    if any(given.get(key) != value for key, value in V1_SAMPLER.items()):
+        raise ConfigError(
+            f"{USE_V1}={use_v1}: verl's V1 trainer logs a failed sample and trains on the rest of its group "
+            f"(verl 0.9.1 trainer/ppo/v1/agent_loop_tq.py:133-143), so {setting} needs uniagent's "
+            f"replay buffer to stop the step: add {shlex.join(V1_SAMPLER_OVERRIDES)} "
+            f"(recipe multiturn_grpo_v1_cpu has them), keep {USE_V1}=False, {off}"
+        )
+    mode = given.get("trainer.v1.trainer_mode") or "sync"
+    if mode != "sync":
+        raise ConfigError(
+            f"trainer.v1.trainer_mode={mode}: {setting} is checked under V1's sync mode only; {off}"
+        )
+    if (given.get("algorithm.filter_groups.enable") or "false").lower() == "true":
+        raise ConfigError(
+            f"algorithm.filter_groups.enable=True: verl gives a custom replay buffer no group filter "
+            f"(verl 0.9.1 trainer/ppo/v1/trainer_base.py:163-166), and {setting} needs uniagent's; {off}"
+        )
 
 
 def _total_steps(command: list[str], translation: Any) -> int | None:

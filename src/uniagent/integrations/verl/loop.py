@@ -31,11 +31,12 @@ order, and every generated token is trained with the episode's advantage; GSPO's
 then per segment (verl's `compute_policy_loss_gspo` normalises over a row's mask). Use GRPO there:
 verl's other estimators see each segment as a sample of the group. verl's other workers take one
 output per sample: the legacy `AgentLoopWorker._agent_loop_postprocess` pads exactly one output,
-and `RayPPOTrainer.fit` (`main_ppo` with `trainer.use_v1=False`, what our recipes set) unions the
-generated batch row for row with the prompts (`batch.union(gen_batch_output)`); the fully-async
-rollouter uses the same worker. There the loop returns the episode's last segment (the one that
-ends in the answer the reward is for) and says what was left out in `extra_fields`
-(`segments_dropped`, `dropped_model_tokens`); an episode of one segment loses nothing.
+and `RayPPOTrainer.fit` (`main_ppo` with `trainer.use_v1=False`, what the recipes set but
+`multiturn_grpo_v1_cpu`) unions the generated batch row for row with the prompts
+(`batch.union(gen_batch_output)`); the fully-async rollouter uses the same worker. There the loop
+returns the episode's last segment (the one that ends in the answer the reward is for) and says what
+was left out in `extra_fields` (`segments_dropped`, `dropped_model_tokens`); an episode of one segment
+loses nothing.
 
 Secrets: every episode goes through `uniagent.redact` (the environment's secrets and the sandbox
 settings' tokens) before verl sees it, as `uniagent run` stores it: an episode whose tokens held a
@@ -53,11 +54,17 @@ turn) and, when the last of them ends, raises `TrainingError` if more than
 `max_infra_failure_share` of them ended in an untrainable exit reason. The exception leaves `run`,
 so verl's `asyncio.gather` in `AgentLoopWorker.generate_sequences` fails and so does the step
 instead of training on what is left: under `main_ppo`'s legacy trainer (`trainer.use_v1=False`, what
-our recipes set) the batch is the worker's chunk of the step and the run stops; under the
-fully-async rollouter it is one prompt's group, and the exception ends the rollouter's stream. Under
-verl's V1 trainer (`trainer.use_v1=True`, verl's default) workers fire and forget each prompt: verl
-logs the error and trains on the rest, so the check cannot stop anything there, and `uniagent verl
-command|launch` refuses V1 while the check is on (`launch.check_trainer_path`).
+the recipes set but `multiturn_grpo_v1_cpu`) the batch is the worker's chunk of the step and the run
+stops; under the fully-async rollouter it is one prompt's group, and the exception ends the
+rollouter's stream. Under verl's V1 trainer (`trainer.use_v1=True`) workers fire and forget each
+prompt and a raise only tags its group `failure` (verl logs it and trains on the group's other
+sessions), so there the loop does not raise: every output carries its exit reason and the loop's
+share (`extra_fields`), and uniagent's replay buffer (`sampler.py`, verl's
+`trainer.v1.sampler.custom_sampler`) checks the step's whole batch before verl trains on it. Without
+that replay buffer nothing would check, so a V1 run with the check on and another replay buffer
+fails every sample (`check_v1_sampler`), and `uniagent verl command|launch` refuses it before
+launching (`launch.check_trainer_path`). An output with no response
+(no turn ran) gets one untrained token under V1 (`untrained_token`), which V1's storage needs.
 """
 
 from __future__ import annotations
@@ -73,9 +80,12 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from uniagent.agent import AgentConfig, EpisodeResult, ExitReason
 from uniagent.agent.base import open_agent
 from uniagent.agent.result import check_infra_failures
+from uniagent.errors import ConfigError
 from uniagent.integrations.verl.engine import VerlEngine
 from uniagent.integrations.verl.settings import (
     SETTING_KEYS,
+    SHARE_FIELD,
+    V1_SAMPLER,
     UniAgentLoopSettings,
     merge_settings,
     validate_settings,
@@ -188,6 +198,8 @@ class UniAgentLoop(AgentLoopBase):
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One output per trained segment under verl's V1 worker, else the last segment (module docstring)."""
+        if takes_several_outputs(kwargs):
+            check_v1_sampler(self.config, self.settings)
         batch = await GUARD.join()
         try:
             outputs = await self._run(sampling_params, **kwargs)
@@ -195,10 +207,11 @@ class UniAgentLoop(AgentLoopBase):
             GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
             raise
         fields = outputs[-1].extra_fields
-        GUARD.end(
-            batch, ExitReason(fields["exit_reason"]), fields["error"], self.settings.max_infra_failure_share
-        )
-        return outputs if takes_several_outputs(kwargs) else outputs[-1]
+        several = takes_several_outputs(kwargs)
+        # under V1 the sampler checks the step's batch (`sampler.py`); raising here would lose this sample
+        share = None if several else self.settings.max_infra_failure_share
+        GUARD.end(batch, ExitReason(fields["exit_reason"]), fields["error"], share)
+        return outputs if several else outputs[-1]
 
     async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         spec = spec_from_extra_info(kwargs.get("extra_info"))
@@ -226,7 +239,7 @@ class UniAgentLoop(AgentLoopBase):
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))
         else:
             prompt_ids = result.trajectory.prompt_ids
-        return episode_outputs(
+        outputs = episode_outputs(
             result,
             prompt_ids,
             prompt_length=self.prompt_length,
@@ -237,6 +250,40 @@ class UniAgentLoop(AgentLoopBase):
             request_id=request_id,
             all_segments=takes_several_outputs(kwargs),
         )
+        for output in outputs:  # what the V1 sampler checks the step's batch against (`sampler.py`)
+            output.extra_fields[SHARE_FIELD] = self.settings.max_infra_failure_share
+            if takes_several_outputs(kwargs) and not output.response_ids:
+                untrained_token(output, self.tokenizer.eos_token_id)
+        return outputs
+
+
+def check_v1_sampler(config: Any, settings: UniAgentLoopSettings) -> None:
+    """Under V1 with the check on, the run's replay buffer must be uniagent's (`sampler.py`), which does
+    the check: without it nothing would. The `ConfigError` fails every sample, and verl's sync sampler
+    then stops the run (`replay_buffer.py` lines 505-510: no trajectories to train on)."""
+    if settings.max_infra_failure_share >= 1.0:
+        return
+    sampler = OmegaConf.select(config, "trainer.v1.sampler.custom_sampler", default=None) or {}
+    named = {f"trainer.v1.sampler.custom_sampler.{k}": sampler.get(k) for k in ("path", "name")}
+    if named != V1_SAMPLER:
+        raise ConfigError(
+            f"uniagent.max_infra_failure_share={settings.max_infra_failure_share:g} under verl's V1 trainer "
+            "needs uniagent's replay buffer, which does the check: "
+            + " ".join(f"{k}={v}" for k, v in V1_SAMPLER.items())
+            + " (or +uniagent.max_infra_failure_share=1.0)"
+        )
+
+
+def untrained_token(output: AgentLoopOutput, token_id: int) -> None:
+    """Give an output with no response (no turn ran: the sandbox or the first model call failed) one
+    end-of-sequence token with mask 0. verl's V1 worker stores each output as it is, and
+    `AgentLoopOutput.as_dict` puts the reward on the response's last token (`agent_loop.py:147`), which
+    an empty response does not have: the session would raise and its sample be lost. The token trains
+    nothing; the sample keeps its reward in its group and its exit reason for the V1 check."""
+    output.response_ids = [token_id]
+    output.response_mask = [0]
+    output.response_logprobs = [0.0] if output.response_logprobs is not None else None
+    output.extra_fields["response_padded"] = 1
 
 
 def no_gradient_reason(result: EpisodeResult, settings: UniAgentLoopSettings) -> str | None:
@@ -341,6 +388,7 @@ def episode_output(
         "instance_id": metrics.get("instance_id"),
         "request_id": request_id,
         "prompt_overflow": overflow,
+        "response_padded": 0,
         "response_cut": cut,
         "error": result.error,
         "resumed_turns": engine.resumes if engine else 0,

@@ -33,6 +33,19 @@ from uniagent.sandbox.config import SandboxSection, default_section
 LOOP_TARGET = "uniagent.integrations.verl.loop.UniAgentLoop"
 AGENT_LOOP_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
 
+SHARE_FIELD = "max_infra_failure_share"
+"""The `extra_fields` key where each output carries its loop's share, for the V1 sampler (`sampler.py`)."""
+V1_SAMPLER = {
+    "trainer.v1.sampler.custom_sampler.path": "pkg://uniagent.integrations.verl.sampler",
+    "trainer.v1.sampler.custom_sampler.name": "InfraCheckedReplayBuffer",
+}
+"""The verl keys that make V1's replay buffer uniagent's infrastructure-failure check (`sampler.py`)."""
+V1_SAMPLER_OVERRIDES = [
+    *(f"{k}={v}" for k, v in V1_SAMPLER.items()),
+    "+trainer.v1.sampler.sampler_kwargs.rollout_n=${actor_rollout_ref.rollout.n}",
+]
+"""What a `main_ppo` command under V1 adds to keep the check on (`launch.check_trainer_path`)."""
+
 
 class UniAgentLoopSettings(BaseModel):
     """What the agent-loop YAML entry (and the trainer config's `uniagent:` section) may set."""
@@ -56,7 +69,8 @@ class UniAgentLoopSettings(BaseModel):
         0.5,
         ge=0.0,
         le=1.0,
-        description="a batch of a worker with more infrastructure failures than this share fails the step",
+        description="a batch with more infrastructure failures than this share fails the step (a worker's "
+        "batch; under verl's V1 trainer the step's, checked by uniagent's replay buffer: sampler.py)",
     )
     overlong_filter: bool = Field(
         False,
