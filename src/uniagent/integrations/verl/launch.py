@@ -39,11 +39,13 @@ segment and trains them all (see `loop.py`). `trainer.use_v1=True
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -207,10 +209,60 @@ def check_trainer_path(entrypoint: str, overrides: list[str], loops: dict[str, A
 
 def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
-    tasks are written as verl parquet first (`local_config.prepare_data`)."""
+    tasks are written as verl parquet first (`local_config.prepare_data`). When verl fails on a
+    uniagent error, that error is repeated as the last line (`run_verl`)."""
     command, translation, env = _plan(recipe, overrides)
     if translation is not None:
         from uniagent.integrations.verl.local_config import prepare_data
 
         prepare_data(translation.cfg)
-    return subprocess.call(command, env={**os.environ, **env})
+    return run_verl(command, {**os.environ, **env})
+
+
+_UNIAGENT_ERROR = re.compile(r"uniagent\.errors\.(\w+): (.+)$")
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+def run_verl(command: list[str], env: dict[str, str]) -> int:
+    """Run verl's `command`, its stderr passed through as it comes, and return its exit status. Why
+    the pass-through: a uniagent error raised in a Ray worker (a dead rollout server, a step of
+    infrastructure failures) reaches the user inside Ray's nested tracebacks, followed by hydra's and
+    Ray's shutdown lines; the last `uniagent.errors.X: message` line of the last traceback is printed
+    again, as `error: message`, after a failed run, so the run's last line says what stopped it (a
+    traceback without one, e.g. a crash of verl's own, clears an earlier one logged by an episode)."""
+    last: list[str] = []
+
+    def scan(line: bytes) -> None:
+        text = _ANSI.sub(b"", line).decode(errors="replace").rstrip()
+        if "Traceback (most recent call last)" in text:
+            last.clear()
+        elif match := _UNIAGENT_ERROR.search(text):
+            last[:] = [match.group(2)]
+
+    def pump(stream: IO[bytes]) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        pending = b""
+        while chunk := stream.read1(65536):  # raw chunks: tqdm's carriage returns stay as they are
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(chunk.decode(errors="replace"))
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                scan(line)
+        scan(pending)
+
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE) as proc:
+        assert proc.stderr is not None
+        reader = threading.Thread(target=pump, args=(proc.stderr,), daemon=True)
+        reader.start()
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the child got it too; do not leave it behind (subprocess.call)
+            proc.kill()
+            raise
+        reader.join()
+    if code and last:
+        print(f"error: {last[0]}", file=sys.stderr, flush=True)
+    return code

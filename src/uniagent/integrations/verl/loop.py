@@ -58,6 +58,12 @@ fully-async rollouter it is one prompt's group, and the exception ends the rollo
 verl's V1 trainer (`trainer.use_v1=True`, verl's default) workers fire and forget each prompt: verl
 logs the error and trains on the rest, so the check cannot stop anything there, and `uniagent verl
 command|launch` refuses V1 while the check is on (`launch.check_trainer_path`).
+
+A dead rollout server (`engine.RolloutServerLost`: its Ray actor died under a call) is not a share: the
+episode that met it ends `model_error` like any engine failure, and then `run` raises
+`TrainingError` naming the server and the step (counted from the weights version the batch's
+replies carried: step N's rollout serves the weights of step N-1), whatever its siblings did, so
+the step fails the same way instead of training on the samples that finished before the death.
 """
 
 from __future__ import annotations
@@ -109,6 +115,12 @@ class _Batch:
     def __init__(self) -> None:
         self.size = 0
         self.ended: list[tuple[ExitReason, str | None]] = []
+        self.engines: list[VerlEngine] = []
+
+    def served_version(self) -> int | None:
+        """The newest weights version (verl's `global_steps`) any of the batch's replies carried."""
+        seen = [e.max_global_steps for e in self.engines if e.max_global_steps is not None]
+        return max(seen) if seen else None
 
 
 class BatchGuard:
@@ -190,7 +202,7 @@ class UniAgentLoop(AgentLoopBase):
         """One output per trained segment under verl's V1 worker, else the last segment (module docstring)."""
         batch = await GUARD.join()
         try:
-            outputs = await self._run(sampling_params, **kwargs)
+            outputs = await self._run(batch, sampling_params, **kwargs)
         except BaseException as exc:  # it fails the step by itself; counted so the batch still completes
             GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
             raise
@@ -200,7 +212,9 @@ class UniAgentLoop(AgentLoopBase):
         )
         return outputs if takes_several_outputs(kwargs) else outputs[-1]
 
-    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    async def _run(
+        self, batch: _Batch, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> list[AgentLoopOutput]:
         spec = spec_from_extra_info(kwargs.get("extra_info"))
         task = task_from_spec(spec)
         extra = {k: sampling_params[k] for k in ("repetition_penalty",) if sampling_params.get(k) is not None}
@@ -210,6 +224,7 @@ class UniAgentLoop(AgentLoopBase):
             max_resumes=self.settings.max_resumes,
             resume_delay_s=self.settings.resume_delay_s,
         )
+        batch.engines.append(engine)
         request_id = f"{task.instance_id}#{uuid.uuid4().hex[:12]}"
         models = ModelFactory.over_engine(
             engine,
@@ -221,6 +236,8 @@ class UniAgentLoop(AgentLoopBase):
         )
         async with open_agent(self.settings.agent.kind, engine, self.codec) as agent:
             result = await run_episode(task, model, self.agent_config(), self.settings.sandbox, agent=agent)
+        if engine.lost is not None:  # the server is gone for every sample: fail the step, train nothing
+            raise engine.lost.step_error(batch.served_version())
         result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))
