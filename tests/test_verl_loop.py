@@ -619,12 +619,13 @@ class DeadServer(EngineServer):
 
 
 def test_a_dead_rollout_server_fails_the_step_whatever_the_share(
-    base_config, tokenizer, codec, data_dir
+    base_config, tokenizer, codec, data_dir, caplog
 ) -> None:
     """The server dies under the gold episode's second turn: one sample of two (not more than the 0.5
     share), yet verl's worker raises the one-line TrainingError naming the server, its pid and the
     step (the batch was served version 3: step 4's rollout) instead of returning a batch in which
-    the finished sample would train and the cut one would be a masked zero."""
+    the finished sample would train and the cut one would be a masked zero; the batch then raises
+    nothing else, so that line is the run's last uniagent error."""
     from uniagent.errors import EngineError, TrainingError
     from uniagent.integrations.verl.engine import RolloutServerLost, actor_death
 
@@ -643,6 +644,8 @@ def test_a_dead_rollout_server_fails_the_step_whatever_the_share(
         "resume from the last checkpoint"
     )
     assert server.seen == 2  # the gold episode's second turn met the dead server
+    # the sibling, cancelled when the step failed, ends the batch without a second (share) error
+    assert "infrastructure failures" not in caplog.text
 
     # the engine: Ray's word that an actor died (died, unavailable) is RolloutServerLost, an EngineError
     # the agent loop records as model_error, kept in `lost`; anything else passes through as it was

@@ -116,6 +116,7 @@ class _Batch:
         self.size = 0
         self.ended: list[tuple[ExitReason, str | None]] = []
         self.engines: list[VerlEngine] = []
+        self.raised = False
 
     def served_version(self) -> int | None:
         """The newest weights version (verl's `global_steps`) any of the batch's replies carried."""
@@ -147,9 +148,10 @@ class BatchGuard:
 
     @staticmethod
     def end(batch: _Batch, reason: ExitReason, error: str | None, max_share: float | None) -> None:
-        """Record one sample; the last one checks the batch (`max_share` None: no check)."""
+        """Record one sample; the last one checks the batch (`max_share` None: no check), unless one
+        of its samples raised (`raised`): that failed the step already, a second error adds nothing."""
         batch.ended.append((reason, error))
-        if max_share is not None and len(batch.ended) == batch.size:
+        if max_share is not None and not batch.raised and len(batch.ended) == batch.size:
             check_infra_failures(
                 batch.ended,
                 max_share,
@@ -204,6 +206,7 @@ class UniAgentLoop(AgentLoopBase):
         try:
             outputs = await self._run(batch, sampling_params, **kwargs)
         except BaseException as exc:  # it fails the step by itself; counted so the batch still completes
+            batch.raised = True
             GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
             raise
         fields = outputs[-1].extra_fields
