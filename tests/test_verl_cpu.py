@@ -7,7 +7,10 @@ lookup suite (bubblewrap sandboxes), and the `uniagent_local` rollout: a `LocalE
 that serves the packaged SmolLM2 and takes verl's weight sync. The end-to-end test reads verl's own
 step metrics from the console, the server's event log (`rollout.custom.uniagent_local_events`) for the
 weight updates, and, through the test-only plugin `verl_cpu_probe.py`, the per-token difference
-between the rollout's logprobs and verl's recomputed old logprobs. Select it with `-k verl_cpu`.
+between the rollout's logprobs and verl's recomputed old logprobs. Its 2 steps take two launches of
+the same command: the first checkpoints step 1 and loses its rollout server (SIGKILL) in step 2's
+rollout, which must end it with one clear line and nothing of step 2 trained; the second resumes from
+the checkpoint and trains step 2. Select it with `-k verl_cpu`.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -173,20 +180,66 @@ async def test_local_rollout_server_generates_aborts_and_takes_weights(tmp_path:
 
 
 # -- verl's legacy trainer, 2 GRPO steps ---------------------------------------------------------------
+class ServerKiller(threading.Thread):
+    """SIGKILLs the rollout server actor (its pid from its `start` event) once its event log shows a
+    reply served under `version`, i.e. while that version's rollout is under way (step version+1's
+    under main_ppo); `delay_s` later, so the reply has reached the agent loop."""
+
+    def __init__(self, events: Path, version: int, delay_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.events, self.version, self.delay_s = events, version, delay_s
+        self.killed: dict | None = None  # pid, the triggering event, requests in flight at it
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            lines = self.events.read_text().splitlines() if self.events.exists() else []
+            seen = [json.loads(x) for x in lines]
+            hit = next(
+                (e for e in seen if e["event"] == "generated" and e["global_steps"] == self.version), None
+            )
+            if hit is None:
+                continue
+            pid = [e for e in seen if e["event"] == "start"][-1]["pid"]
+            done = sum(e["event"] in ("generated", "aborted") for e in seen[: seen.index(hit) + 1])
+            time.sleep(self.delay_s)
+            os.kill(pid, signal.SIGKILL)
+            self.killed = {"pid": pid, "event": hit, "in_flight": hit["requests"] - done, "time": time.time()}
+            return
+
+    def __enter__(self) -> ServerKiller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self.join()
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two launches: ~9 min on a 2-core machine, far more when it is shared
 def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
+    """The user's command, launched twice. Run A trains step 1, checkpoints it, and loses its rollout
+    server (SIGKILL) during step 2's rollout: it must stop non-zero with one clear last line and train
+    nothing of step 2. Run B, the same command, resumes from the step-1 checkpoint and trains step 2.
+    Across the two: both steps trained with a gradient, the engine took every weight sync (the
+    resumed one carrying the step-1 weights), rollout and trainer logprobs agree, context is never
+    trained."""
     from uniagent.models.loading import smollm2_hf_dirs
 
+    ckpt = tmp_path / "ckpt"
     sets = [
         # the local config, sized down (2 tasks x 2 samples, 2 steps), as multiturn_grpo_cpu's local_set
         "trainer.tasks_per_step=2",
         "trainer.group_size=2",
         "trainer.steps=2",
         "trainer.tensorboard=false",
-        # verl keys: no checkpoint (time), the server's event log, and a gradient every step whatever
-        # the 4 episodes score (GRPO's advantage is 0 when a group's rewards are equal, often at 2
-        # samples, and the test is about the weights moving)
-        "trainer.save_freq=-1",
+        # verl keys: a checkpoint every step (run B resumes from step 1's; resume_mode=auto is verl's
+        # default), the server's event log, and a gradient every step whatever the 4 episodes score
+        # (GRPO's advantage is 0 when a group's rewards are equal, often at 2 samples, and the test is
+        # about the weights moving)
+        "trainer.save_freq=1",
+        f"trainer.default_local_dir={ckpt}",
         events_override(tmp_path),
         "actor_rollout_ref.actor.entropy_coeff=0.001",
         # verl recomputes the old logprobs (the local config's rollout_correction bypasses that and
@@ -203,13 +256,35 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
     env["PYTHONPATH"] = cpu_env()["PYTHONPATH"]  # Ray workers import the probe from tests/
     env["VERL_USE_EXTERNAL_MODULES"] = "verl_cpu_probe"  # joined after the recipe's CPU plugin
     env["UNIAGENT_PROBE_TOKENIZER"] = str(smollm2_hf_dirs()[1])
-    run = run_command(tmp_path, command, env, "main_ppo", timeout=1200)
-    text = run.log
-    assert run.returncode == 0, text[-6000:]
 
-    steps = parse_steps(text)
-    assert sorted(steps) == [1, 2], sorted(steps)
-    updates, started = run.events_of("update"), run.events_of("start")
+    # -- run A: step 1, its checkpoint, then the rollout server dies in step 2's rollout ----------------
+    with ServerKiller(tmp_path / "rollout_events.jsonl", version=1) as killer:
+        killed = run_command(tmp_path, command, env, "main_ppo_killed", timeout=1200)
+    assert killer.killed, killed.log[-6000:]
+    last = killed.log.strip().splitlines()[-1]
+    assert killed.returncode != 0, killed.log[-6000:]
+    server = f"rollout server uniagent_local_server_0_0 (pid {killer.killed['pid']})"
+    assert last.startswith(f"error: {server} died during step 2's rollout: "), killed.log[-6000:]
+    assert "the step is not trained" in last
+    steps = parse_steps(killed.log)
+    assert sorted(steps) == [1], sorted(steps)  # nothing of step 2 reached verl's update
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_1"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    first_updates = killed.events_of("update")
+    assert [u["global_steps"] for u in first_updates] == [0, 1]
+
+    # -- run B: the same command resumes from step 1's checkpoint and trains step 2 -------------------
+    resumed = run_command(tmp_path, command, env, "main_ppo_resumed", timeout=1200)
+    assert resumed.returncode == 0, resumed.log[-6000:]
+    assert f"Load from checkpoint folder: {ckpt / 'global_step_1'}" in resumed.log
+    resumed_steps = parse_steps(resumed.log)
+    assert sorted(resumed_steps) == [2], sorted(resumed_steps)
+    steps.update(resumed_steps)
+    starts = [i for i, e in enumerate(resumed.events) if e["event"] == "start"]
+    assert len(starts) == 2, starts
+    started = [resumed.events[i] for i in starts]
+    updates = [e for e in resumed.events[starts[1] :] if e["event"] == "update"]
+
     keys = (
         "critic/score/mean",
         "actor/grad_norm",
@@ -226,14 +301,17 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         "timing_s/old_log_prob",
         "timing_s/update_actor",
         "timing_s/update_weights",
+        "timing_s/save_checkpoint",
         "timing_s/step",
     )
     summary = {
-        "wall_s": round(run.wall_s, 1),
-        "peak_rss_gib": run.peak_rss_gib,
-        "peak_pss_gib": run.peak_pss_gib,
+        "wall_s": {"killed": round(killed.wall_s, 1), "resumed": round(resumed.wall_s, 1)},
+        "peak_rss_gib": max(killed.peak_rss_gib, resumed.peak_rss_gib),
+        "peak_pss_gib": max(killed.peak_pss_gib, resumed.peak_pss_gib),
+        "killed": killer.killed,
+        "error_line": last,
         "steps": {n: {k: m.get(k) for k in keys} for n, m in steps.items()},
-        "engine": {"start": started, "updates": updates},
+        "engine": {"start": started, "updates": first_updates + updates},
     }
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
@@ -244,12 +322,23 @@ def test_verl_cpu_main_ppo_takes_two_grpo_steps(tmp_path: Path) -> None:
         assert metrics["training/rollout_logprob_abs_diff_max"] < 0.05  # fp32 on both sides
         # tool results and the chat template's headers reached verl as context, never trained
         assert metrics["training/context_tokens"] > 0 and metrics["training/context_tokens_trained"] == 0
-    # the engine took verl's weight sync: once before step 1 (the initial sync), after each step
-    assert len(started) == 1 and [u["global_steps"] for u in updates][-2:] == [1, 2]
+    # the engine took verl's weight sync: the initial one and step 1's in run A; in run B the initial
+    # sync after the resume carries the step-1 weights (what run A's engine got after step 1), then step 2
+    assert [u["global_steps"] for u in updates] == [1, 2]
+    assert updates[0]["weight_sum"] == pytest.approx(first_updates[1]["weight_sum"], abs=1e-6)
     assert updates[-1]["version"] == 2 and updates[-1]["tensors"] > 0
-    assert updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
-    assert updates[-1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
+    assert first_updates[0]["weight_sum"] == pytest.approx(started[0]["weight_sum"], abs=1e-3)
+    assert first_updates[1]["weight_sum"] != pytest.approx(started[0]["weight_sum"], abs=1e-3)
+    assert updates[-1]["weight_sum"] != pytest.approx(updates[0]["weight_sum"], abs=1e-3)
     assert updates[-1]["requests"] > 0
+    # the run's metrics file (verl's file logger, beside the checkpoints) holds both steps after the
+    # resume, with uniagent's figures, as the dashboard's training page reads it; progress lines printed
+    from uniagent.dashboard.training import read_metrics_live
+
+    rows, _ = read_metrics_live(ckpt / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all("uniagent/trainable_frac" in r for r in rows), rows
+    assert "[uniagent] step 1/2 |" in killed.log and "[uniagent] step 2/2 |" in resumed.log
+    shutil.rmtree(ckpt)  # ~1.6 GB of model and optimizer state; kept when an assertion fails
 
 
 # -- verl's fully-async trainer, GSPO with partial rollout, 2 trainer steps --------------------------

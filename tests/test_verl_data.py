@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,7 @@ from uniagent.integrations.verl.launch import (
     build_command,
     launch,
     load_recipe,
+    run_verl,
 )
 from uniagent.integrations.verl.spec import spec_from_extra_info, task_from_spec
 from uniagent.tasks import load_tasks
@@ -379,3 +381,33 @@ def test_a_recipe_extends_another_by_base(tmp_path: Path) -> None:
     loop_b.write_text(f"base: {loop_a}\noverrides: []\n")
     with pytest.raises(ConfigError, match="cycle"):
         load_recipe(loop_a)
+
+
+def test_a_uniagent_error_in_verls_output_is_the_last_line(capfd) -> None:
+    """`run_verl` passes verl's stderr through and, after a failed run, repeats the last uniagent error
+    of the last traceback (Ray's prefix and colours stripped) as `error: ...`, the last line; a later
+    traceback without one (a crash of verl's own) clears it, and a clean exit adds nothing."""
+    died = "rollout server uniagent_local_server_0_0 (pid 7) died during step 2's rollout: gone"
+    script = """
+import sys
+stale, final, tail = sys.argv[1:4]
+print("step:1 - actor/grad_norm:0.5")
+sys.stderr.write("Traceback (most recent call last):\\n  File 'loop.py'\\n" + stale + "\\n")
+sys.stderr.write("Traceback (most recent call last):\\n  File 'main_ppo.py'\\n")
+sys.stderr.write("ray.exceptions.RayTaskError(TrainingError): ray::TaskRunner.run()\\n" + final + "\\n")
+sys.stderr.write(tail + "\\nTraining Progress:  50%|#####     | 1/2\\r")
+sys.exit(int(sys.argv[4]))
+"""
+    stale = "uniagent.errors.EngineError: an old episode's failure"
+    final = f"\x1b[36m(TaskRunner pid=12)\x1b[0m uniagent.errors.TrainingError: {died}"
+    tail = "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."
+    base = [sys.executable, "-c", script, stale]
+
+    assert run_verl([*base, final, tail, "1"], dict(os.environ)) == 1
+    out, err = capfd.readouterr()
+    assert out.splitlines() == ["step:1 - actor/grad_norm:0.5"]
+    assert err.splitlines()[-1] == f"error: {died}" and tail in err and "1/2\r" in err
+    assert run_verl([*base, "RuntimeError: verl's own", tail, "1"], dict(os.environ)) == 1
+    assert "error:" not in capfd.readouterr().err
+    assert run_verl([*base, final, tail, "0"], dict(os.environ)) == 0
+    assert "error:" not in capfd.readouterr().err

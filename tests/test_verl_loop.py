@@ -17,6 +17,7 @@ GGUF, which verl's HFModelConfig does not read); its methods run unmodified.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from pathlib import Path
@@ -596,6 +597,92 @@ def test_batch_with_too_many_infra_failures_stops_the_step(base_config, tokenize
     worker = make_worker(strict, FailingServer(scripted_engine(codec, scripts), {EMPTY, third}), tokenizer)
     with pytest.raises(TrainingError, match="2 of 4"):
         run(worker, dataset_batch(data_dir, strict, tokenizer, ids))
+
+
+def ray_actor_died(pid: int = 4242) -> Exception:
+    """Ray's own `ActorDiedError` for a rollout server whose process was SIGKILLed, worded as Ray 2.x
+    words it (its message was taken from a real kill)."""
+    from ray.exceptions import ActorDiedError, ActorDiedErrorContext
+
+    why = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
+        "exit detail: Worker unexpectedly exits with a connection error code 2. End of file. Some common "
+        "causes include: (1) the process was killed by the OOM killer due to high memory usage"
+    )
+    context = ActorDiedErrorContext(
+        error_message=why,
+        pid=pid,
+        name="uniagent_local_server_0_0",
+        class_name="LocalRolloutServer",
+        actor_id=b"\x01" * 16,
+        node_ip_address="192.0.2.2",
+    )
+    return ActorDiedError(context)
+
+
+class DeadServer(EngineServer):
+    """FAKE server (as EngineServer) whose Ray actor dies before call `die_at` (1-based) of
+    `instance`: that call and every later one of the instance raise Ray's real `ActorDiedError`."""
+
+    def __init__(self, engine: Any, instance: str, die_at: int) -> None:
+        super().__init__(engine, by_instance)
+        self.instance, self.die_at, self.seen = instance, die_at, 0
+
+    async def generate(self, request_id: str, **kw: Any):
+        if request_id.split("#", 1)[0] == self.instance:
+            self.seen += 1
+            if self.seen >= self.die_at:
+                raise ray_actor_died()
+        return await super().generate(request_id, **kw)
+
+
+def test_a_dead_rollout_server_fails_the_step_whatever_the_share(
+    base_config, tokenizer, codec, data_dir, caplog
+) -> None:
+    """The server dies under the gold episode's second turn: one sample of two (not more than the 0.5
+    share), yet verl's worker raises the one-line TrainingError naming the server, its pid and the
+    step (the batch was served version 3: step 4's rollout) instead of returning a batch in which
+    the finished sample would train and the cut one would be a masked zero; the batch then raises
+    nothing else, so that line is the run's last uniagent error."""
+    from uniagent.errors import EngineError, TrainingError
+    from uniagent.integrations.verl.engine import RolloutServerLost, actor_death
+
+    fourth = "datespan-001"
+    submit = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+    scripts = {GOLD: gold_turns(starter(GOLD)), fourth: [submit]}
+    config = make_config(base_config)
+    server = DeadServer(scripted_engine(codec, scripts), GOLD, die_at=2)
+    worker = make_worker(config, server, tokenizer)
+    with pytest.raises(TrainingError) as info:
+        run(worker, dataset_batch(data_dir, config, tokenizer, [GOLD, fourth]))
+    assert str(info.value) == (
+        "rollout server uniagent_local_server_0_0 (pid 4242) died during step 4's rollout: its worker "
+        "process exited (SYSTEM_ERROR: Worker unexpectedly exits with a connection error code 2.); the "
+        "step is not trained (its episodes are infrastructure failures); relaunch the same command to "
+        "resume from the last checkpoint"
+    )
+    assert server.seen == 2  # the gold episode's second turn met the dead server
+    # the sibling, cancelled when the step failed, ends the batch without a second (share) error
+    assert "infrastructure failures" not in caplog.text
+
+    # the engine: Ray's word that an actor died (died, unavailable) is RolloutServerLost, an EngineError
+    # the agent loop records as model_error, kept in `lost`; anything else passes through as it was
+    from ray.exceptions import ActorUnavailableError
+
+    engine = VerlEngine(DeadServer(scripted_engine(codec, scripts), GOLD, die_at=1), resume_delay_s=0)
+    with pytest.raises(RolloutServerLost) as lost:
+        asyncio.run(engine.generate([5], SamplingParams(max_tokens=3), f"{GOLD}#x"))
+    assert isinstance(lost.value, EngineError) and engine.lost is lost.value
+    assert (lost.value.name, lost.value.pid) == ("uniagent_local_server_0_0", 4242)
+    assert (
+        engine.lost.step_error(None)
+        .args[0]
+        .startswith("rollout server uniagent_local_server_0_0 (pid 4242) died during a rollout: its worker")
+    )
+    unavailable = actor_death(ActorUnavailableError("connection refused", None))
+    assert unavailable is not None and unavailable.what() == "rollout server (unnamed)"
+    assert "is unavailable: connection refused" in unavailable.detail
+    assert actor_death(ConnectionError("rollout server went away")) is None
 
 
 def test_verl_command_checks_uniagent_settings() -> None:

@@ -207,3 +207,37 @@ def test_follower_prints_each_trained_step_once_from_a_growing_file(
         ["[uniagent] step 1/2", "reward 0.500"],
         ["[uniagent] step 2/2", "reward 0.250"],
     ]
+
+
+def test_a_resumed_run_keeps_the_rows_of_the_steps_it_had_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's FileLogger truncates the file it opens: before a resumed launch the rows up to the
+    checkpointed step go aside (the dashboard reads them first), after it they are one file again;
+    a run with no checkpoint starts afresh."""
+    from uniagent.dashboard.training import read_metrics_live
+    from uniagent.integrations.verl.progress import CHECKPOINT_MARK, join_rows, keep_trained_rows
+    from uniagent.train.verl_rows import EARLIER
+
+    path, ckpt = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    first = FileLogger("uniagent", "run")  # run A: step 1 trained and saved, step 2 logged, then lost
+    first.log(verl_step(1, 0.25), step=1)
+    first.log(verl_step(2, 0.5), step=2)
+    first.finish()
+    ckpt.mkdir()
+    (ckpt / CHECKPOINT_MARK).write_text("1")
+    keep_trained_rows(path, ckpt)
+    assert not path.exists() and [r["step"] for r in read_metrics_live(path)[0]] == [1]
+    resumed = FileLogger("uniagent", "run")  # run B resumes at step 2
+    resumed.log(verl_step(2, 0.75), step=2)
+    rows = read_metrics_live(path)[0]  # while it runs: both files
+    assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.25), (2, 0.75)]
+    resumed.finish()
+    join_rows(path)
+    assert not (tmp_path / EARLIER).exists()
+    assert [(r["step"], r["reward_mean"]) for r in read_metrics_live(path)[0]] == [(1, 0.25), (2, 0.75)]
+
+    (ckpt / CHECKPOINT_MARK).unlink()  # no checkpoint: a fresh run, the old rows go
+    keep_trained_rows(path, ckpt)
+    assert not path.exists() and not (tmp_path / EARLIER).exists()

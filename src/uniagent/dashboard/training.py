@@ -28,7 +28,7 @@ from fastapi.responses import FileResponse
 from uniagent.redact import Redactor
 from uniagent.runner.store import STORE_NAME, StoreError
 from uniagent.train.outputs import CURVE, METRICS, staleness_totals
-from uniagent.train.verl_rows import is_verl_row, merge_verl_rows, page_row
+from uniagent.train.verl_rows import EARLIER, is_verl_row, merge_verl_rows, page_row
 
 CHECKPOINTS = "checkpoints"
 MEANS = ("step_s", "rollout_tokens_per_s", "train_tokens_per_s", "trainer_idle_frac", "engine_idle_frac")
@@ -77,6 +77,11 @@ def read_metrics_live(path: Path) -> tuple[list[dict[str, Any]], int]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
+        text = ""
+    earlier = path.with_name(EARLIER)  # a resumed verl run's earlier steps, read first
+    if earlier.is_file():
+        text = earlier.read_text(encoding="utf-8", errors="replace") + text
+    if not text:
         return [], 0
     lines = text.split("\n")
     lines.pop()  # "" after the last newline, or the half-written line

@@ -19,6 +19,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+EARLIER = "metrics.earlier.jsonl"
+"""Beside `metrics.jsonl`: the rows of the steps a resumed verl run had already trained (verl's file
+logger truncates its file when it opens it; `integrations/verl/progress.keep_trained_rows`)."""
 PREFIX = "uniagent/"
 EXIT = PREFIX + "exit/"
 POLICY_MIN = PREFIX + "policy_version/min"

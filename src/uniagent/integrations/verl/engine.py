@@ -10,7 +10,10 @@ same trajectory bookkeeping) runs under `uniagent run` and under verl:
 - a turn aborted by a weight sync (verl's partial rollout) is resumed from the tokens it already
   produced and stitched into one generation, so an interruption never splits or misaligns a turn;
 - verl reports `completed` for both a stop and a length cut (vLLM), so the reason is re-derived from
-  the tokens: a stop token at the end is `stop`, a full budget is `length`.
+  the tokens: a stop token at the end is `stop`, a full budget is `length`;
+- a rollout server (a Ray actor) that dies under a call is `RolloutServerLost`, an `EngineError`
+  (the episode ends `model_error`, untrainable) that the engine also keeps (`lost`), so the agent
+  loop can fail the whole step: the server is gone for every sample, not just this one.
 
 verl is never imported here: the server manager is duck-typed (its result needs only the attributes
 above), which keeps this module importable without verl.
@@ -19,12 +22,57 @@ above), which keeps this module importable without verl.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
-from uniagent.errors import EngineError
+from uniagent.errors import EngineError, TrainingError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
 
 _ABORTED = frozenset({"abort", "aborted"})
+
+
+class RolloutServerLost(EngineError):
+    """A rollout server's Ray actor died under a call: `name` and `pid` as Ray reported them (None
+    when it did not), `detail` the first line of why."""
+
+    def __init__(self, name: str | None, pid: int | None, detail: str) -> None:
+        self.name, self.pid, self.detail = name, pid, detail
+        super().__init__(f"{self.what()} died: {detail}")
+
+    def what(self) -> str:
+        """`rollout server NAME (pid N)`: the actor as a user finds it in Ray's logs."""
+        name = self.name or "(unnamed)"
+        kind = "rollout server" if self.name is None or "server" in self.name.lower() else "rollout actor"
+        return f"{kind} {name}" + (f" (pid {self.pid})" if self.pid else "")
+
+    def step_error(self, version: int | None) -> TrainingError:
+        """The one line the run ends with (`UniAgentLoop.run` raises it): what died, in which step's
+        rollout (`version`: the weights version the step's replies carried, step N's rollout serving
+        step N-1's weights; None when no reply came)."""
+        when = f"during step {version + 1}'s rollout" if version is not None else "during a rollout"
+        return TrainingError(
+            f"{self.what()} died {when}: {self.detail}; the step is not trained (its episodes are "
+            "infrastructure failures); relaunch the same command to resume from the last checkpoint"
+        )
+
+
+def actor_death(exc: BaseException) -> RolloutServerLost | None:
+    """`exc` as `RolloutServerLost` when it is Ray's word that an actor died (`RayActorError`:
+    `ActorDiedError`, `ActorUnavailableError`), else None. By class name, so that this module needs
+    neither Ray nor verl; the name, pid and cause are read from the message Ray writes
+    ("\tname: ...", "\tpid: ...", "Worker exit detail: ...")."""
+    if not any(cls.__name__ == "RayActorError" for cls in type(exc).__mro__):
+        return None
+    text = str(exc)
+    name = re.search(r"^\s*name: (\S+)", text, re.M)
+    pid = re.search(r"^\s*pid: (\d+)", text, re.M)
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    detail = re.search(r"Worker exit detail: (.+?\.)(?: |$)", text)
+    if detail:
+        why = f"its worker process exited ({exit_type.group(1) + ': ' if exit_type else ''}{detail.group(1)})"
+    else:
+        why = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return RolloutServerLost(name and name.group(1), int(pid.group(1)) if pid else None, why[:300])
 
 
 class VerlEngine:
@@ -34,7 +82,8 @@ class VerlEngine:
     `repetition_penalty` verl's worker chose). `request_id`, when given, replaces the caller's id on
     every call so all turns of an episode share it. An aborted turn is resumed up to `max_resumes`
     times, `resume_delay_s` apart (the pause lets a weight sync finish); after that the turn fails
-    with `EngineError`, which the agent loop records as `model_error` (never trained on).
+    with `EngineError`, which the agent loop records as `model_error` (never trained on). A server
+    that died under a call fails the turn with `RolloutServerLost`, kept in `lost`.
     """
 
     def __init__(
@@ -56,6 +105,7 @@ class VerlEngine:
         self.num_preempted = 0
         self.min_global_steps: int | None = None
         self.max_global_steps: int | None = None
+        self.lost: RolloutServerLost | None = None
 
     def params(self, sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
         """The sampling dict verl's servers accept (vLLM and SGLang both read these keys)."""
@@ -79,11 +129,18 @@ class VerlEngine:
         aborts = 0
         while True:
             self.calls += 1
-            output = await self.server_manager.generate(
-                request_id=rid,
-                prompt_ids=[*prompt_ids, *token_ids],
-                sampling_params=self.params(sampling, budget - len(token_ids)),
-            )
+            try:
+                output = await self.server_manager.generate(
+                    request_id=rid,
+                    prompt_ids=[*prompt_ids, *token_ids],
+                    sampling_params=self.params(sampling, budget - len(token_ids)),
+                )
+            except Exception as exc:
+                lost = actor_death(exc)
+                if lost is None:
+                    raise
+                self.lost = lost
+                raise lost from exc
             new = [int(t) for t in (output.token_ids or [])]
             new_lp = getattr(output, "log_probs", None)
             if new and (new_lp is None or len(new_lp) != len(new)):

@@ -51,12 +51,14 @@ entry point is the base's (`_extend`).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -295,8 +297,10 @@ def launch(recipe: str | Path, overrides: list[str]) -> int:
     """Run the recipe's command in the foreground; its exit status is ours. A local train config's
     tasks are written as verl parquet first (`local_config.prepare_data`), after the command is checked
     against this host (`host.check_host`: CUDA, the rollout backend). With a metrics file, the
-    last run's is removed first (verl's logger would truncate it) and a progress line is printed per
-    step while verl runs (`progress.follow`)."""
+    last run's is removed first (verl's logger would truncate it), but for the steps a resumed run
+    had trained (`progress.keep_trained_rows`), and a progress line is printed per
+    step while verl runs (`progress.follow`). When verl fails on a uniagent error, that error is
+    repeated as the last line (`run_verl`)."""
     from uniagent.integrations.verl.host import check_host
 
     command, translation, env = _plan(recipe, overrides)
@@ -309,18 +313,75 @@ def launch(recipe: str | Path, overrides: list[str]) -> int:
         prepare_data(translation.cfg)
     metrics = Path(env[METRICS_ENV]) if METRICS_ENV in env and not prints else None
     if metrics is None:
-        return subprocess.call(command, env={**os.environ, **env})
-    from uniagent.integrations.verl.progress import follow
+        return run_verl(command, {**os.environ, **env})
+    from uniagent.integrations.verl.progress import follow, join_rows, keep_trained_rows
 
     metrics.parent.mkdir(parents=True, exist_ok=True)
-    metrics.unlink(missing_ok=True)
+    checkpoints = override_value(command, "trainer.default_local_dir")
+    keep_trained_rows(metrics, Path(checkpoints).expanduser() if checkpoints else None)
     done = threading.Event()
     follower = threading.Thread(
         target=follow, args=(metrics, _total_steps(command, translation), done), daemon=True
     )
     follower.start()
-    try:
-        return subprocess.call(command, env={**os.environ, **env})
-    finally:
+
+    def settle() -> None:  # the last progress line before run_verl's closing error line
         done.set()
         follower.join(timeout=30)
+
+    try:
+        return run_verl(command, {**os.environ, **env}, settle)
+    finally:
+        settle()
+        join_rows(metrics)
+
+
+_UNIAGENT_ERROR = re.compile(r"uniagent\.errors\.(\w+): (.+)$")
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+def run_verl(command: list[str], env: dict[str, str], settle: Callable[[], None] | None = None) -> int:
+    """Run verl's `command`, its stderr passed through as it comes, and return its exit status. Why
+    the pass-through: a uniagent error raised in a Ray worker (a dead rollout server, a step of
+    infrastructure failures) reaches the user inside Ray's nested tracebacks, followed by hydra's and
+    Ray's shutdown lines; the last `uniagent.errors.X: message` line of the last traceback is printed
+    again, as `error: message`, after a failed run, so the run's last line says what stopped it (a
+    traceback without one, e.g. a crash of verl's own, clears an earlier one logged by an episode)."""
+    last: list[str] = []
+
+    def scan(line: bytes) -> None:
+        text = _ANSI.sub(b"", line).decode(errors="replace").rstrip()
+        if "Traceback (most recent call last)" in text:
+            last.clear()
+        elif match := _UNIAGENT_ERROR.search(text):
+            last[:] = [match.group(2)]
+
+    def pump(stream: IO[bytes]) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        pending = b""
+        while chunk := stream.read1(65536):  # raw chunks: tqdm's carriage returns stay as they are
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(chunk.decode(errors="replace"))
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                scan(line)
+        scan(pending)
+
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE) as proc:
+        assert proc.stderr is not None
+        reader = threading.Thread(target=pump, args=(proc.stderr,), daemon=True)
+        reader.start()
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the child got it too; do not leave it behind (subprocess.call)
+            proc.kill()
+            raise
+        reader.join()
+    if settle is not None:  # whatever else prints about the run, before the last line
+        settle()
+    if code and last:
+        print(f"error: {last[0]}", file=sys.stderr, flush=True)
+    return code

@@ -65,6 +65,12 @@ that replay buffer nothing would check, so a V1 run with the check on and anothe
 fails every sample (`check_v1_sampler`), and `uniagent verl command|launch` refuses it before
 launching (`launch.check_trainer_path`). An output with no response
 (no turn ran) gets one untrained token under V1 (`untrained_token`), which V1's storage needs.
+
+A dead rollout server (`engine.RolloutServerLost`: its Ray actor died under a call) is not a share: the
+episode that met it ends `model_error` like any engine failure, and then `run` raises
+`TrainingError` naming the server and the step (counted from the weights version the batch's
+replies carried: step N's rollout serves the weights of step N-1), whatever its siblings did, so
+the step fails the same way instead of training on the samples that finished before the death.
 """
 
 from __future__ import annotations
@@ -119,6 +125,13 @@ class _Batch:
     def __init__(self) -> None:
         self.size = 0
         self.ended: list[tuple[ExitReason, str | None]] = []
+        self.engines: list[VerlEngine] = []
+        self.raised = False
+
+    def served_version(self) -> int | None:
+        """The newest weights version (verl's `global_steps`) any of the batch's replies carried."""
+        seen = [e.max_global_steps for e in self.engines if e.max_global_steps is not None]
+        return max(seen) if seen else None
 
 
 class BatchGuard:
@@ -145,9 +158,10 @@ class BatchGuard:
 
     @staticmethod
     def end(batch: _Batch, reason: ExitReason, error: str | None, max_share: float | None) -> None:
-        """Record one sample; the last one checks the batch (`max_share` None: no check)."""
+        """Record one sample; the last one checks the batch (`max_share` None: no check), unless one
+        of its samples raised (`raised`): that failed the step already, a second error adds nothing."""
         batch.ended.append((reason, error))
-        if max_share is not None and len(batch.ended) == batch.size:
+        if max_share is not None and not batch.raised and len(batch.ended) == batch.size:
             check_infra_failures(
                 batch.ended,
                 max_share,
@@ -202,8 +216,9 @@ class UniAgentLoop(AgentLoopBase):
             check_v1_sampler(self.config, self.settings)
         batch = await GUARD.join()
         try:
-            outputs = await self._run(sampling_params, **kwargs)
+            outputs = await self._run(batch, sampling_params, **kwargs)
         except BaseException as exc:  # it fails the step by itself; counted so the batch still completes
+            batch.raised = True
             GUARD.end(batch, ExitReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", None)
             raise
         fields = outputs[-1].extra_fields
@@ -213,7 +228,9 @@ class UniAgentLoop(AgentLoopBase):
         GUARD.end(batch, ExitReason(fields["exit_reason"]), fields["error"], share)
         return outputs if several else outputs[-1]
 
-    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    async def _run(
+        self, batch: _Batch, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> list[AgentLoopOutput]:
         spec = spec_from_extra_info(kwargs.get("extra_info"))
         task = task_from_spec(spec)
         extra = {k: sampling_params[k] for k in ("repetition_penalty",) if sampling_params.get(k) is not None}
@@ -223,6 +240,7 @@ class UniAgentLoop(AgentLoopBase):
             max_resumes=self.settings.max_resumes,
             resume_delay_s=self.settings.resume_delay_s,
         )
+        batch.engines.append(engine)
         request_id = f"{task.instance_id}#{uuid.uuid4().hex[:12]}"
         models = ModelFactory.over_engine(
             engine,
@@ -234,6 +252,8 @@ class UniAgentLoop(AgentLoopBase):
         )
         async with open_agent(self.settings.agent.kind, engine, self.codec) as agent:
             result = await run_episode(task, model, self.agent_config(), self.settings.sandbox, agent=agent)
+        if engine.lost is not None:  # the server is gone for every sample: fail the step, train nothing
+            raise engine.lost.step_error(batch.served_version())
         result = await asyncio.to_thread(self.redactor.episode, result, self.tokenizer)
         if result.trajectory is None:  # no turn ran (sandbox or setup failed): the prompt alone
             prompt_ids = self.codec.prompt_ids(self.redactor.data(task.messages()))

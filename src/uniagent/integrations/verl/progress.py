@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniagent.train.verl_rows import exit_counts, is_verl_row, page_row
+from uniagent.jsonio import write_text_atomic
+from uniagent.train.verl_rows import EARLIER, exit_counts, is_verl_row, page_row
 
 TRAINED = "training/global_step"
 POLL_S = 2.0
@@ -108,3 +109,47 @@ def follow(
             emit(line)
     for line in follower.poll():
         emit(line)
+
+
+CHECKPOINT_MARK = "latest_checkpointed_iteration.txt"
+"""verl's record of the last saved step in `trainer.default_local_dir`; `resume_mode=auto` loads it."""
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def keep_trained_rows(metrics: Path, checkpoints: Path | None) -> None:
+    """Before a launch. verl's file logger truncates `metrics` when it opens it, so a run resuming
+    from the checkpoint of step N would lose the rows of steps 1..N: those (from the last run and any
+    earlier part) go to `metrics.earlier.jsonl` beside it, which the dashboard reads first and
+    `join_rows` folds back after the run. A run with no checkpoint to resume starts afresh: both go."""
+    earlier = metrics.with_name(EARLIER)
+    mark = checkpoints / CHECKPOINT_MARK if checkpoints is not None else None
+    text = mark.read_text().strip() if mark is not None and mark.is_file() else ""
+    if not text.isdigit():
+        earlier.unlink(missing_ok=True)
+        metrics.unlink(missing_ok=True)
+        return
+    kept = [
+        line
+        for path in (earlier, metrics)
+        if path.is_file()
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if (step := _row_step(line)) is not None and step <= int(text)
+    ]
+    write_text_atomic(earlier, "".join(f"{line}\n" for line in kept))
+    metrics.unlink(missing_ok=True)
+
+
+def join_rows(metrics: Path) -> None:
+    """After the run: the earlier steps' rows and the run's own in one `metrics.jsonl` again."""
+    earlier = metrics.with_name(EARLIER)
+    if not earlier.is_file():
+        return
+    now = metrics.read_text(encoding="utf-8", errors="replace") if metrics.is_file() else ""
+    write_text_atomic(metrics, earlier.read_text(encoding="utf-8", errors="replace") + now)
+    earlier.unlink()
