@@ -32,6 +32,7 @@ BASE_RECIPE = {
     ("sync", "cuda"): "multiturn_grpo",
     ("async", "cuda"): "multiturn_grpo_fully_async",
     ("sync", "cpu"): "multiturn_grpo_cpu",
+    ("async", "cpu"): "multiturn_grpo_fully_async_cpu",
 }
 """(trainer.mode, verl device) -> the recipe a local config's translation is laid over."""
 
