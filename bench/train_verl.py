@@ -238,12 +238,14 @@ def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[d
             return round(value, 4)
         if isinstance(value, list):
             return [rounded(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
         return value
 
     for mode, sides in summary["modes"].items():
         for side, figures in sides.items():
             tags = {"mode": mode, "side": side, **context}
-            wall = {k: rounded(v) for k, v in figures["wall_per_step"].items()}
+            wall = rounded(figures["wall_per_step"])
             median = wall.pop("median")
             yield {
                 "bench": BENCH,
