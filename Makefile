@@ -13,7 +13,7 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint docs bench bench-train system-deps clean llama-server clis lock
+.PHONY: setup demo test lint docs bench bench-train bench-train-verl system-deps clean llama-server clis lock
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
@@ -90,6 +90,11 @@ bench: setup llama-server
 # rollouts and an update, so not part of `bench`). Options: BENCH_TRAIN_ARGS="--steps 4 ...".
 bench-train: setup system-deps
 	$(PY) bench/train_async.py $(BENCH_TRAIN_ARGS)
+
+# The local trainer vs verl on CPU, the same config, steps and seed (long: 4 real trainings, verl's
+# 3-6 min apiece to start). Options: BENCH_TRAIN_VERL_ARGS="--modes sync --steps 4 ...".
+bench-train-verl: setup system-deps
+	$(PY) bench/train_verl.py $(BENCH_TRAIN_VERL_ARGS)
 
 # Re-pin every package of the venv after a dependency change in pyproject.toml (review the diff).
 lock: setup

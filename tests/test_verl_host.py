@@ -88,7 +88,7 @@ def test_a_launch_this_host_cannot_run_is_one_line_and_exit_2(
         "--print",
     )
     assert code == 0 and not err
-    # a local config in async mode on CPU: no base recipe; the error names the recipe that does it
+    # a local config in async mode on CPU: verl's fully-async trainer on the CPU twin of its recipe
     code, err = run_cli(
         monkeypatch,
         capsys,
@@ -101,4 +101,4 @@ def test_a_launch_this_host_cannot_run_is_one_line_and_exit_2(
         "trainer.mode=async",
         "--print",
     )
-    assert code == 2 and err.count("\n") == 1 and "multiturn_gspo_fully_async_cpu" in err, err
+    assert code == 0 and not err, err

@@ -485,6 +485,27 @@ def test_train_multiturn_on_verl_picks_the_cpu_recipe_with_its_environment() -> 
     assert f"actor_rollout_ref.model.path={keys.HUB_SMOLLM2}" in command
 
 
+def test_train_multiturn_async_on_verl_picks_the_cpu_fully_async_twin() -> None:
+    """`trainer.mode=async` on cpu: fully_async_main over multiturn_grpo_fully_async_cpu, the plugin's
+    environment in front, the local config's objective (not the GSPO recipe's), and a model directory
+    that also holds the tokenizer (fully_async_main reads it from model.path)."""
+    from uniagent.cli import app
+
+    config = str(ROOT / "configs/train_multiturn.yaml")
+    args = ["train", "--engine", "verl", "--config", config, "--set", "trainer.mode=async", "--print"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = shlex.split(result.output.strip().splitlines()[-1])
+    env = dict(item.split("=", 1) for item in printed[:3])
+    assert env["VERL_PLATFORM"] == "cpu" and env["OMP_NUM_THREADS"].isdigit()
+    assert printed[4:6] == ["-m", keys.ASYNC_ENTRY]
+    c = compose_for(printed[3:])
+    assert c.actor_rollout_ref.rollout.name == "uniagent_local" and c.trainer.device == "cpu"
+    assert c.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    assert c.async_training.partial_rollout is True and c.actor_rollout_ref.rollout.n == 4
+    assert (Path(c.actor_rollout_ref.model.path) / "tokenizer_config.json").is_file()
+
+
 def test_a_recipes_module_list_joins_the_callers_and_other_variables_are_the_recipes() -> None:
     from uniagent.integrations.verl.launch import PLUGIN, recipe_env
 

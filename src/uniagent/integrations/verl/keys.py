@@ -100,8 +100,10 @@ def _model_path(cfg: TrainConfig) -> Values:
     spec = cfg.model.spec if cfg.model.spec == "local" else cfg.model.spec.removeprefix("local:")
     if spec in ("local", "smollm2"):
         if verl_device(cfg) == "cpu":  # the packaged GGUF, de-quantized to a Hugging Face directory here
+            # fully_async_main reads the tokenizer from model.path: one directory with both
+            weights = "{smollm2_hf_with_tokenizer}" if _is_async(cfg) else "{smollm2_hf}"
             return {
-                "actor_rollout_ref.model.path": "{smollm2_hf}",
+                "actor_rollout_ref.model.path": weights,
                 "actor_rollout_ref.model.tokenizer_path": "{smollm2_tokenizer}",
             }
         return {"actor_rollout_ref.model.path": HUB_SMOLLM2}

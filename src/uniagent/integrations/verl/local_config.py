@@ -32,6 +32,7 @@ BASE_RECIPE = {
     ("sync", "cuda"): "multiturn_grpo",
     ("async", "cuda"): "multiturn_grpo_fully_async",
     ("sync", "cpu"): "multiturn_grpo_cpu",
+    ("async", "cpu"): "multiturn_grpo_fully_async_cpu",
 }
 """(trainer.mode, verl device) -> the recipe a local config's translation is laid over."""
 
@@ -41,15 +42,8 @@ def base_recipe(cfg: TrainConfig) -> str:
     mode, device = cfg.trainer.mode, keys.verl_device(cfg)
     if (mode, device) not in BASE_RECIPE:
         have = ", ".join(f"{m} on {d}" for m, d in BASE_RECIPE)
-        hint = (
-            "; for verl's fully-async trainer on CPU launch the recipe `uniagent verl launch "
-            "multiturn_gspo_fully_async_cpu`"
-            if (mode, device) == ("async", "cpu")
-            else ""
-        )
         raise ConfigError(
-            f"trainer.mode={mode} with model.device={cfg.model.device}: a local config runs on verl as "
-            f"{have}{hint}"
+            f"trainer.mode={mode} with model.device={cfg.model.device}: a local config runs on verl as {have}"
         )
     return BASE_RECIPE[mode, device]
 
