@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import types
 from pathlib import Path
 from typing import Any
@@ -496,10 +497,11 @@ def test_train_multiturn_async_on_verl_picks_the_cpu_fully_async_twin() -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     printed = shlex.split(result.output.strip().splitlines()[-1])
-    env = dict(item.split("=", 1) for item in printed[:3])
+    n = next(i for i, item in enumerate(printed) if "=" not in item)  # the environment, then python
+    env = dict(item.split("=", 1) for item in printed[:n])
     assert env["VERL_PLATFORM"] == "cpu" and env["OMP_NUM_THREADS"].isdigit()
-    assert printed[4:6] == ["-m", keys.ASYNC_ENTRY]
-    c = compose_for(printed[3:])
+    assert printed[n + 1 : n + 3] == ["-m", keys.ASYNC_ENTRY]
+    c = compose_for(printed[n:])
     assert c.actor_rollout_ref.rollout.name == "uniagent_local" and c.trainer.device == "cpu"
     assert c.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     assert c.async_training.partial_rollout is True and c.actor_rollout_ref.rollout.n == 4
