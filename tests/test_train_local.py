@@ -609,8 +609,9 @@ def test_cli_verl_engine_print_is_the_launch_command() -> None:
         ],
     )
     assert result.exit_code == 0, result.output + repr(result.exception)
-    expected = shlex.join(launch.build_command("starter_grpo", ["trainer.total_epochs=1"]))
+    expected = launch.shell_line("starter_grpo", ["trainer.total_epochs=1"])  # its environment in front
     assert result.output.strip() == expected
+    assert expected.endswith(shlex.join(launch.build_command("starter_grpo", ["trainer.total_epochs=1"])))
 
 
 # ----------------------------------------------------------------------------- segments
