@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 import types
 from pathlib import Path
 from typing import Any
@@ -496,12 +495,10 @@ def test_train_multiturn_async_on_verl_picks_the_cpu_fully_async_twin() -> None:
     args = ["train", "--engine", "verl", "--config", config, "--set", "trainer.mode=async", "--print"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    printed = shlex.split(result.output.strip().splitlines()[-1])
-    n = next(i for i, item in enumerate(printed) if "=" not in item)  # the environment, then python
-    env = dict(item.split("=", 1) for item in printed[:n])
+    env, command = printed_command(result.output)
     assert env["VERL_PLATFORM"] == "cpu" and env["OMP_NUM_THREADS"].isdigit()
-    assert printed[n + 1 : n + 3] == ["-m", keys.ASYNC_ENTRY]
-    c = compose_for(printed[n:])
+    assert command[1:3] == ["-m", keys.ASYNC_ENTRY]
+    c = compose_for(command)
     assert c.actor_rollout_ref.rollout.name == "uniagent_local" and c.trainer.device == "cpu"
     assert c.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     assert c.async_training.partial_rollout is True and c.actor_rollout_ref.rollout.n == 4

@@ -166,6 +166,6 @@ def run_command(
 
 def read_metrics(path: Path) -> list[dict]:
     """verl's file logger (`trainer.logger=[...,file]`): one `{"step": N, "data": {...}}` per log call."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from uniagent.train.outputs import read_metrics as read_rows
+
+    return read_rows(path) if path.exists() else []

@@ -46,11 +46,18 @@ def patch_process_group_backend() -> None:
         return original(timeout_second=timeout_second, backend=backend)
 
     setattr(initialize_global_process_group_ray, _MARK, True)
-    dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
-    for name in _IMPORTERS:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "initialize_global_process_group_ray"):
-            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+    _replace(dist_utils, initialize_global_process_group_ray, _IMPORTERS)
+
+
+def _replace(owner: Any, function: Any, importers: tuple[str, ...]) -> None:
+    """Put `function` in place of its namesake on `owner` and on every module of `importers` that is
+    loaded already (they bound the name with `from owner import name`, so the owner alone is not enough)."""
+    name = function.__name__
+    setattr(owner, name, function)
+    for module_name in importers:
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, name):
+            setattr(module, name, function)
 
 
 _METRICS_MARK = "__uniagent_step_metrics__"
@@ -85,8 +92,4 @@ def log_uniagent_step_metrics() -> None:
         return {**original(batch=batch, use_critic=use_critic), **step_metrics(batch.non_tensor_batch)}
 
     setattr(compute_data_metrics, _METRICS_MARK, True)
-    metric_utils.compute_data_metrics = compute_data_metrics
-    for name in _METRIC_IMPORTERS:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "compute_data_metrics"):
-            module.compute_data_metrics = compute_data_metrics
+    _replace(metric_utils, compute_data_metrics, _METRIC_IMPORTERS)
