@@ -39,7 +39,7 @@ def test_one_model_config_shared_with_each_users_defaults() -> None:
     assert type(run.model) is type(train.model) is type(verl.model) is ModelConfig
     assert (run.model.temperature, run.model.max_tokens, run.model.max_batch_size) == (0.7, 512, 16)
     assert (train.model.temperature, train.model.max_tokens, train.model.max_batch_size) == (1.0, 64, 32)
-    assert train.model.dtype == "float32" and train.agent.kind == run.agent.kind == "react"
+    assert train.model.dtype == "auto" and train.agent.kind == run.agent.kind == "react"
     # model.history applies in all three
     assert build_train_config(None, ["model.history=template"]).model.history == "template"
     assert validate_settings({"model": {"history": "template"}}, "x").model.history == "template"

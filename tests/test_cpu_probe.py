@@ -68,3 +68,5 @@ def test_doctor_reports_what_was_chosen(cache: Path) -> None:
     assert rows["cpu"].ok and "matrix units" in rows["cpu"].detail
     assert rows["torch kernels"].ok and rows["torch kernels"].detail.startswith("default")
     assert "llama-server build" in rows
+    assert rows["model.dtype auto"].detail.split()[0] in ("bfloat16", "float32")  # with the measured ratio
+    assert "fp32 here" in rows["model.dtype auto"].detail

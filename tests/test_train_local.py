@@ -219,6 +219,7 @@ def trainer(tmp_path_factory):
             "model.max_tokens=24",
             "optim.lr=1e-4",
             "trainer.tensorboard=false",
+            "model.dtype=float32",  # the engine serves the policy itself: exact, shared weights
         ],
     )
     t = LocalTrainer(cfg)
@@ -544,6 +545,7 @@ def test_cli_short_run_writes_metrics_curve_and_checkpoint(tmp_path: Path) -> No
         "train", "--engine", "local", "--config", "configs/train_local.yaml",
         "--set", f"trainer.output={out}", "--set", "trainer.steps=2", "--set", "trainer.save_every=1",
         "--set", "trainer.group_size=2", "--set", "trainer.tasks_per_step=1", "--set", "model.max_tokens=12",
+        "--set", "model.dtype=float32",  # the engine serves the policy itself (checked below)
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)

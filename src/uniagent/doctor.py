@@ -169,6 +169,11 @@ def cpu_checks() -> list[Check]:
         rows.append(Check("torch kernels", True, choice.describe()))
     except RuntimeError as exc:
         rows.append(Check("torch kernels", False, str(exc)[:300], required=True))
+    from uniagent.models import precision
+
+    picked = precision.resolve("auto", "cpu")
+    why = picked.why.removeprefix("auto: ")
+    rows.append(Check("model.dtype auto", True, f"{picked.dtype} on cpu ({why})"))
     import torch
 
     cuda = "yes" if torch.cuda.is_available() else "no"

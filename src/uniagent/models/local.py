@@ -41,6 +41,8 @@ from uniagent.models.local_memory import (
     resolve_prefix_cap,
 )
 from uniagent.models.local_update import WeightUpdate, copy_state, match_state, resolve
+from uniagent.models.precision import Precision
+from uniagent.models.precision import resolve as resolve_precision
 from uniagent.models.registry import EngineKind
 
 if TYPE_CHECKING:
@@ -111,12 +113,15 @@ class LocalEngine:
         loader: Callable[[], torch.nn.Module] | None = None
         if isinstance(model, torch.nn.Module):
             self.name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+            served = str(next(model.parameters()).dtype).removeprefix("torch.")
+            self.precision = Precision(served, "the given model's")
         else:
             source = model if isinstance(model, ModelSource) else resolve_model(model)
             if device.startswith("cuda") and not torch.cuda.is_available():
                 raise EngineError(f"device {device!r} requested but CUDA is not available; use device='cpu'")
             self.name = source.name
-            loader = functools.partial(load_causal_lm, source, device=device, dtype=dtype)
+            self.precision = resolve_precision(dtype, device)
+            loader = functools.partial(load_causal_lm, source, device=device, dtype=self.precision.dtype)
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_prefill_tokens = max_prefill_tokens
@@ -175,7 +180,8 @@ class LocalEngine:
     def memory_line(self) -> str:
         """One line saying the memory budget, where it comes from and the prefix cap (start log, doctor)."""
         return (
-            f"local engine memory budget {gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
+            f"local engine {self.precision.dtype} ({self.precision.why}); "
+            f"memory budget {gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
             f"prefixes up to {gib(self._prefixes.budget_bytes)}; freed buffers returned to the system: "
             f"{'yes' if self.releases_memory else 'no (not glibc)'}"
         )

@@ -81,6 +81,8 @@ class AsyncTrainer(Protocol):
 
     def update(self, samples: list[Sample]) -> dict[str, float]: ...
 
+    def served_state(self) -> dict[str, torch.Tensor] | None: ...
+
     def step_row(
         self,
         samples: list[Sample],
@@ -331,9 +333,8 @@ async def train_async(trainer: AsyncTrainer, on_step: Any = None) -> list[dict[s
                 losses = await loop.run_in_executor(trainer.worker, trainer.update, samples)
                 update_s = time.perf_counter() - t1
                 t2 = time.perf_counter()
-                state = {k: v.detach() for k, v in trainer.policy.state_dict().items()}
                 sync = trainer.engine.update_weights(
-                    state,
+                    trainer.served_state(),
                     trainer.step + 1,
                     interrupt=cfg.trainer.partial_rollout,
                     keep_kv=cfg.trainer.partial_rollout and cfg.trainer.kv_on_update == "keep",

@@ -72,6 +72,8 @@ import torch
 
 from uniagent.agent.result import check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.models.precision import resolve as resolve_precision
+from uniagent.models.precision import served_copy
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
 from uniagent.tasks.base import Task
 from uniagent.train import filters
@@ -130,7 +132,13 @@ class LocalTrainer:
         self.tasks = load_train_tasks(cfg)
         source = resolve_model(local_weights(cfg.model.spec))
         self.codec = ChatCodec(load_tokenizer(source))
-        self.policy = load_causal_lm(source, device=cfg.model.device, dtype=cfg.model.dtype)
+        # fp32 master weights and optimizer state whatever model.dtype says: a bf16 compute precision
+        # runs under autocast (models/precision.py), the engine serves a copy in that precision.
+        self.precision = resolve_precision(cfg.model.dtype, cfg.model.device)
+        if self.precision.dtype == "float16":
+            raise ConfigError("model.dtype float16: the local trainer has no loss scaler; use bfloat16, auto")
+        log.info("trainer computes in %s (%s); masters float32", self.precision.dtype, self.precision.why)
+        self.policy = load_causal_lm(source, device=cfg.model.device, dtype="float32")
         # The copy-free GQA attention (models/kv.py) for the update and the engine alike: stock sdpa
         # repeats every key/value head 3x whenever rows are padded, which was a third of the engine's
         # forward time in a lookup step. Same logprobs and gradients (tests/test_train_prefix.py).
@@ -155,8 +163,9 @@ class LocalTrainer:
         # sync: the engine serves the trainer's own parameters (an optimizer step is what the next
         # rollout samples from); async: it serves a copy that `update_weights` refreshes between two
         # decode steps, so rollouts never wait for an update and an update never races a forward.
-        self.shared = cfg.trainer.mode == "sync"
-        served = self.policy if self.shared else copy.deepcopy(self.policy).requires_grad_(False)
+        # A bf16 engine serves a bf16 copy in either mode, refreshed after each update.
+        self.shared = cfg.trainer.mode == "sync" and not self.precision.mixed
+        served = self.policy if self.shared else served_copy(self.policy, self.precision)
         self.engine = LocalEngine.from_model(
             served, max_batch_size=cfg.model.max_batch_size, version=self.step, threads=self.engine_threads
         )
@@ -252,6 +261,13 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------------------- update
 
+    def served_state(self) -> dict[str, torch.Tensor] | None:
+        """What an update sends the engine: nothing when it serves the policy itself (sync, fp32: the
+        version only), else the policy's weights, cast to the served precision as they are copied."""
+        if self.shared:
+            return None
+        return {k: v.detach() for k, v in self.policy.state_dict().items()}
+
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step on the trainable samples (train/update.py); returns loss metrics."""
         from uniagent.train.update import policy_update
@@ -315,6 +331,7 @@ class LocalTrainer:
         return {
             "step": self.step,
             "mode": self.cfg.trainer.mode,
+            "dtype": self.precision.dtype,  # the compute precision (masters are fp32)
             "policy_version": self.step,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "resolved_rate": sum(s.result.resolved for s in trainable) / len(trainable)
@@ -364,7 +381,7 @@ class LocalTrainer:
         release_memory()
         update_s = time.perf_counter() - t1
         self.step += 1
-        await asyncio.wrap_future(self.engine.update_weights(None, self.step))  # shared weights: the version
+        await asyncio.wrap_future(self.engine.update_weights(self.served_state(), self.step))
         step_s = time.perf_counter() - t0
         row = self.step_row(
             trained if cfg.algo.filter_groups.enable else seen,

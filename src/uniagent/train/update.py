@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from uniagent.models.precision import Precision, autocast
 from uniagent.train import algo, filters, mismatch, segments
 from uniagent.train.sample import Sample
 
@@ -29,6 +30,7 @@ class Updated(Protocol):
     policy: torch.nn.Module
     ref: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
+    precision: Precision  # the compute dtype: bf16 runs the forward under autocast, masters stay fp32
 
     @property
     def step(self) -> int: ...
@@ -88,7 +90,8 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
         rows = slice(start, start + mb)
         micro = batch.select(rows).to(device)
         adv = advantages[rows, : micro.response_ids.shape[1]].to(device)
-        logp = algo.response_log_probs(trainer.policy, micro)
+        with autocast(trainer.precision, device.type):
+            logp = algo.response_log_probs(trainer.policy, micro)
         recomputed[rows, : logp.shape[1]] = logp.detach().to(recomputed.device)
         old, is_weights = micro.old_log_probs, None
         if corr.rollout_is is not None:
@@ -111,7 +114,7 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
         )
         loss = pg_loss
         if trainer.ref is not None:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(trainer.precision, device.type):
                 ref_logp = algo.response_log_probs(trainer.ref, micro)
             kl = algo.kl_loss(
                 logp,
@@ -139,6 +142,9 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
     metrics["loss"] = sums["pg_loss"] + cfg.algo.kl_loss_coef * sums["kl_loss"]
     metrics["grad_norm"] = float(grad_norm)
     metrics["train_tokens"] = float(total_tokens)
+    # every position the update's forward and backward ran over (prompt and response, no padding):
+    # what its model FLOPs utilisation is counted on (bench/roofline.py)
+    metrics["forward_tokens"] = float(batch.attention_mask.sum())
     metrics["adv_abs_mean"] = float((advantages.abs() * batch.response_mask).sum() / max(total_tokens, 1))
     level = corr.rollout_is or "token"
     gap = mismatch.mismatch_metrics(

@@ -120,9 +120,12 @@ _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _dtype(cfg: TrainConfig) -> Values:
-    if cfg.model.dtype not in _DTYPES:
-        raise ConfigError(f"model.dtype {cfg.model.dtype!r}: verl takes one of {', '.join(_DTYPES)}")
-    return {"actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES[cfg.model.dtype]}
+    """auto keeps verl's fp32 parameters: its CPU path (and the recipes' exactness checks) is proven in
+    fp32; an explicit dtype is verl's parameter dtype."""
+    dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"model.dtype {cfg.model.dtype!r}: verl takes auto or one of {', '.join(_DTYPES)}")
+    return {"actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES[dtype]}
 
 
 def _tasks(cfg: TrainConfig) -> Values:
@@ -301,7 +304,8 @@ KNOBS: dict[str, Knob] = {
     ),
     "model.dtype": Knob(
         (ACTOR + "fsdp_config.model_dtype",),
-        "the trainer's parameter dtype (float32 -> fp32, ...); verl computes in fsdp_config.dtype (bf16/fp16 "
+        "the trainer's parameter dtype (auto: fp32, float32 -> fp32, ...); verl computes in "
+        "fsdp_config.dtype (bf16/fp16 "
         "only) and rolls out in rollout.dtype, a gap algo.rollout_correction reports and can correct",
         _dtype,
     ),
