@@ -155,19 +155,22 @@ def bandwidth_util(nbytes: float, seconds: float, peak: dict[str, Any] | None = 
     return round(nbytes / seconds / 1e9 / top, 4)
 
 
-def transformer_flops(config: Any, tokens: int, context: float = 0.0, train: bool = False) -> float:
+def transformer_flops(
+    config: Any, tokens: int, context: float = 0.0, train: bool = False, head_tokens: int | None = None
+) -> float:
     """FLOPs of a decoder's forward over `tokens` tokens attending to `context` positions on average
     (x3 with `train`: forward plus backward). Matmul work only: 2 per weight per token (embedding
-    lookups are free, the tied lm head is not) plus QK^T and AV (4 * layers * heads * head_dim per
-    attended position)."""
+    lookups are free, the tied lm head is not, and runs on `head_tokens` positions: default all) plus
+    QK^T and AV (4 * layers * heads * head_dim per attended position)."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv = getattr(config, "num_key_value_heads", heads) * head_dim
     inter = config.intermediate_size
     per_layer = hidden * (heads * head_dim) * 2 + hidden * kv * 2 + 3 * hidden * inter
-    weights = layers * per_layer + hidden * config.vocab_size
-    flops = 2.0 * weights * tokens + 4.0 * layers * heads * head_dim * context * tokens
+    head = tokens if head_tokens is None else head_tokens
+    flops = 2.0 * layers * per_layer * tokens + 2.0 * hidden * config.vocab_size * head
+    flops += 4.0 * layers * heads * head_dim * context * tokens
     return flops * (3 if train else 1)
 
 

@@ -106,7 +106,8 @@ def summarise(variant: str, rows: list[dict[str, Any]], args: argparse.Namespace
     for r in timed:
         tokens = float(r.get("forward_tokens") or 0)
         episodes = max(int(r.get("episodes") or 1), 1)
-        flops = roofline.transformer_flops(config, int(tokens), context=tokens / episodes / 2, train=True)
+        head = int(r.get("logit_tokens") or tokens)
+        flops = roofline.transformer_flops(config, int(tokens), tokens / episodes / 2, True, head)
         value = roofline.mfu(flops, float(r["update_s"]), fig["dtype"] or "float32", peak)
         if value is not None and tokens:
             mfus.append(value)

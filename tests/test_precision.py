@@ -115,3 +115,20 @@ def test_bf16_trainer_keeps_fp32_masters_and_its_engine_serves_the_update(tmp_pa
         assert trainer.engine.version == 1
     finally:
         trainer.close()
+
+
+def test_forward_work_counts_the_shared_prefix_once() -> None:
+    from uniagent.train import algo
+
+    prefix = list(range(100, 164))  # 64 shared tokens: above MIN_SHARED_PREFIX
+    trajs = []
+    for i in range(3):
+        t = Trajectory(prompt_ids=prefix + [200 + i])
+        t.add_generation([300 + i, 301 + i], [-1.0, -1.0])
+        trajs.append(t)
+    batch = algo.pack(trajs)
+    layers, logits = algo.forward_work(batch)
+    assert int(batch.attention_mask.sum()) == 3 * 67
+    assert layers == 64 + 3 * 3  # the prefix once, then each row's own prompt token and response
+    assert logits == 3 * 3  # from the last prompt token on
+    assert algo.forward_work(batch, share_prefix=False)[0] == 3 * 67

@@ -131,6 +131,20 @@ def response_log_probs(model: torch.nn.Module, batch: Batch, share_prefix: bool 
     return logp.gather(-1, batch.response_ids[:, :, None]).squeeze(-1)
 
 
+def forward_work(batch: Batch, share_prefix: bool = True) -> tuple[int, int]:
+    """What `response_log_probs` computes for `batch`: (positions run through the layers, positions
+    projected to the vocabulary). The shared prefix runs once; padding is not counted. Benches turn
+    these into model FLOPs (bench/roofline.py)."""
+    shared = shared_prefix_len(batch) if share_prefix else 0
+    layers = (
+        int(batch.attention_mask.sum()) - shared * (len(batch) - 1)
+        if shared
+        else int(batch.attention_mask.sum())
+    )
+    keep = max(1, batch.input_ids.shape[1] - int(batch.prompt_len.min()) + 1)
+    return layers, keep * len(batch)
+
+
 MIN_SHARED_PREFIX = 32
 """Below this many common tokens a separate prefix forward costs more than it saves."""
 

@@ -86,9 +86,12 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
     corr = cfg.algo.rollout_correction
     recomputed = torch.zeros_like(batch.old_log_probs)  # the trainer's logprobs of the rollout tokens
     device = next(trainer.policy.parameters()).device  # the batch is packed on the CPU
+    work = (0, 0)
     for start in range(0, len(batch), mb):
         rows = slice(start, start + mb)
         micro = batch.select(rows).to(device)
+        done = algo.forward_work(micro)
+        work = (work[0] + done[0], work[1] + done[1])
         adv = advantages[rows, : micro.response_ids.shape[1]].to(device)
         with autocast(trainer.precision, device.type):
             logp = algo.response_log_probs(trainer.policy, micro)
@@ -142,9 +145,8 @@ def policy_update(trainer: Updated, samples: list[Sample]) -> dict[str, float]:
     metrics["loss"] = sums["pg_loss"] + cfg.algo.kl_loss_coef * sums["kl_loss"]
     metrics["grad_norm"] = float(grad_norm)
     metrics["train_tokens"] = float(total_tokens)
-    # every position the update's forward and backward ran over (prompt and response, no padding):
-    # what its model FLOPs utilisation is counted on (bench/roofline.py)
-    metrics["forward_tokens"] = float(batch.attention_mask.sum())
+    metrics["forward_tokens"] = float(work[0])  # positions through the layers (bench/roofline.py's MFU)
+    metrics["logit_tokens"] = float(work[1])  # positions projected to the vocabulary
     metrics["adv_abs_mean"] = float((advantages.abs() * batch.response_mask).sum() / max(total_tokens, 1))
     level = corr.rollout_is or "token"
     gap = mismatch.mismatch_metrics(
