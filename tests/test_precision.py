@@ -123,7 +123,7 @@ def test_forward_work_counts_the_shared_prefix_once() -> None:
     prefix = list(range(100, 164))  # 64 shared tokens: above MIN_SHARED_PREFIX
     trajs = []
     for i in range(3):
-        t = Trajectory(prompt_ids=prefix + [200 + i])
+        t = Trajectory(prompt_ids=[*prefix, 200 + i])
         t.add_generation([300 + i, 301 + i], [-1.0, -1.0])
         trajs.append(t)
     batch = algo.pack(trajs)
