@@ -5,20 +5,21 @@ It builds the run config the way `uniagent run` does (`build_config` from the sa
 without its progress display -- so what runs is the real runner, store, sandboxes and verifier.
 Only the process itself can take these figures, so it takes them and writes one JSON file:
 
+* the timed window: from the first episode's start (imports, tokenizer, codec, preflight and the
+  verifier's imports done: start-up, reported apart, as the peer's is) to `Runner.run()`'s return;
+* CPU at the window's start and end (`rusage`), the peer's read the same way: this process's own
+  (RUSAGE_SELF, all threads), that of every descendant it reaped (RUSAGE_CHILDREN), and, in the
+  cpuacct cgroup the spec names (`join_cpuacct`), the whole tree's: sandboxes, shells, commands,
+  the verifier's test runs;
 * event-loop lag: a coroutine asks to sleep `LAG_INTERVAL_S` and records how late it woke (from
-  the first episode on: start-up is reported apart);
+  the first episode on);
 * with `"stalls": true` in the spec (`bench/runner.py --stalls`), why the loop was late
   (`StallProbe`: the main thread's stacks and scheduler states during each stall over 100 ms).
   Off by default: its heartbeat and watchdog thread cost CPU that would count as the framework's;
-* the CPU and time used before the first episode starts (imports, tokenizer, codec, preflight);
-* its own CPU (`getrusage(RUSAGE_SELF)`, all threads) and that of its reaped children;
 * CPU spent grading logs in-process (`SweTask._grade`, the swebench parser), timed with
-  `time.thread_time` around the call, so the parent can subtract the verifier;
+  `time.thread_time` around the call (reported, not subtracted: the peer grades in-process too);
 * open fds at the end (after the run returned and closed its store);
 * its peak RSS (VmHWM).
-
-Sandbox commands and the tests the verifier runs are other processes (bubblewrap and what it
-starts): their CPU is not in RUSAGE_SELF by construction.
 
     .venv/bin/python bench/runner_child.py SPEC.json    # written by bench/runner.py
 """
@@ -37,7 +38,46 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner_probe import group_cpu_s
+
+STARTED = time.monotonic()  # as near the process's start as a script gets: start-up counts from here
 LAG_INTERVAL_S = 0.05
+CPU_KEYS = ("self_user_s", "self_sys_s", "children_user_s", "children_sys_s")
+_cpuacct: list[Path] = []  # the cpuacct cgroup this process joined (`join_cpuacct`), if any
+
+
+def join_cpuacct(group: str | None) -> None:
+    """Move this process into `group`, a cgroup v1 cpuacct group bench/runner.py made for this run,
+    before it starts any process: every descendant is born in it and stays (uniagent moves its
+    sandboxes in the cpu, memory and pids hierarchies, never in cpuacct), so the group's usage is
+    the whole tree's CPU, orphans and processes killed with their parents included."""
+    if group:
+        (Path(group) / "cgroup.procs").write_text(str(os.getpid()))
+        _cpuacct.append(Path(group))
+
+
+def rusage() -> dict[str, float | None]:
+    """CPU seconds so far of this process (all its threads), of its reaped descendants (a child's
+    figure includes whatever it reaped in turn, but a process reparented away from the chain, e.g.
+    one whose parent died in the same cgroup kill, is lost to it) and, with `join_cpuacct`, of the
+    whole tree (`tree_s`; None without one)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out: dict[str, float | None] = dict(
+        zip(CPU_KEYS, (me.ru_utime, me.ru_stime, kids.ru_utime, kids.ru_stime), strict=True)
+    )
+    out["tree_s"] = group_cpu_s(_cpuacct[0]) if _cpuacct else None
+    return out
+
+
+def warm_imports() -> None:
+    """What the verifier imports on its first grade (swebench's grading), imported before the timed
+    window on both sides (this runner and the peer), so neither side's first episode pays for it."""
+    import swebench.harness.constants
+    import swebench.harness.grading
+    import swebench.harness.log_parsers
+    import swebench.types  # noqa: F401
+
+    import uniagent.tasks.verify  # noqa: F401
 
 
 class LagProbe:
@@ -147,20 +187,19 @@ def time_grading() -> list[float]:
     return spent
 
 
-def mark_first_episode(probe: LagProbe) -> dict[str, float]:
-    """Wrap the episode worker's `run_episode` to note the CPU used before the first episode (imports, the
-    tokenizer, the codec's template probe, preflight): start-up, reported apart from per-step CPU.
-    The lag probe keeps only samples from then on."""
+def mark_first_episode(probe: LagProbe) -> dict[str, Any]:
+    """Wrap the episode worker's `run_episode` to note when the first episode starts and the CPU used
+    before it (imports, the tokenizer, the codec's template probe, preflight): the timed window's
+    start, start-up before it. The lag probe keeps only samples from then on."""
     import uniagent.runner.worker  # noqa: F401  (every episode of a run goes through the worker)
 
     run_module = sys.modules["uniagent.runner.worker"]
-    mark: dict[str, float] = {}
+    mark: dict[str, Any] = {}
     original = run_module.run_episode
 
     async def first(*args: Any, **kwargs: Any) -> Any:
         if not mark:
-            me = resource.getrusage(resource.RUSAGE_SELF)
-            mark.update(user_s=me.ru_utime, sys_s=me.ru_stime, at_s=time.monotonic())
+            mark.update(cpu=rusage(), at=time.monotonic())
             probe.samples.clear()
         return await original(*args, **kwargs)
 
@@ -179,10 +218,12 @@ def peak_rss_kb() -> int:
 def main(spec_path: str) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     spec = json.loads(Path(spec_path).read_text())
+    join_cpuacct(spec.get("cpuacct"))
     from uniagent.runner import build_config
     from uniagent.runner.run import Runner
 
     cfg = build_config(None, spec.get("set", []), spec["flags"])
+    warm_imports()
     grading = time_grading()
     probe = LagProbe()
     stalls = StallProbe()
@@ -202,24 +243,22 @@ def main(spec_path: str) -> int:
             if beat_task is not None:
                 beat_task.cancel()
 
-    t0 = time.monotonic()
     try:
         out["summary"] = asyncio.run(go())
         out["ok"] = True
     except Exception as exc:  # reported by the parent as a failed level
         out.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-    out["wall_s"] = time.monotonic() - t0
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    end, cpu_end = time.monotonic(), rusage()
+    # No episode ran in this process (the Ray driver's episodes run in actors): all of it is the window.
+    start, cpu_start = startup.get("at", STARTED), startup.get("cpu", dict.fromkeys(CPU_KEYS, 0.0))
+    cpu_start.setdefault("tree_s", None)
     out.update(
-        user_s=me.ru_utime,
-        sys_s=me.ru_stime,
-        children_user_s=kids.ru_utime,
-        children_sys_s=kids.ru_stime,
+        window_s=end - start,
+        startup_wall_s=start - STARTED,
+        cpu_start=cpu_start,
+        cpu_end=cpu_end,
         maxrss_kb=peak_rss_kb(),
         grade_cpu_s=grading[0],
-        startup_user_s=startup.get("user_s", 0.0),
-        startup_sys_s=startup.get("sys_s", 0.0),
-        startup_wall_s=startup.get("at_s", t0) - t0,
         open_fds=len(os.listdir("/proc/self/fd")) - 1,  # less the one listdir holds
         threads=len(os.listdir("/proc/self/task")),
         lag_s=probe.samples,

@@ -14,8 +14,17 @@ does the same with what differs made explicit:
   query sleeping `delay_s` first (a blocking call in the worker thread, as its litellm models are);
 * agent config: its `benchmarks/swebench.yaml` templates, with the cost limit off (the
   deterministic model bills 1.0 per call);
-* no verifier: mini-swe-agent only writes preds.json; `grade` below scores the submissions with
-  uniagent's verifier in local sandboxes after the run, timed separately by bench/runner.py.
+* no verifier of its own (mini-swe-agent only writes preds.json): each worker grades its episode's
+  submission with uniagent's verifier (`uniagent verify`'s `grade_one`, a fresh local sandbox) right
+  after its agent finishes, inside that episode's timed work as uniagent's verifier is inside its
+  episodes, so the peer's wall holds its grading, in parallel across its workers. Each episode's
+  record gives its window (start, agent end, grading start and end, end; seconds from the run's).
+
+Timed the way bench/runner_child.py times uniagent: everything imported (mini-swe-agent's modules,
+the verifier and what it imports on its first grade) and configured before the window starts; the
+window runs from the pool's start to its last episode's end; CPU is read at both ends of it by
+`runner_child.rusage`: this process's own, its reaped children's and its cpuacct cgroup's (the
+whole tree: every command's bash, the git calls, the grading sandboxes).
 
     .venv/bin/python bench/runner_peer.py SPEC.json    # written by bench/runner.py
 """
@@ -26,7 +35,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -36,12 +44,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runner_child import peak_rss_kb
+from runner_child import STARTED, join_cpuacct, peak_rss_kb, rusage, warm_imports
 from runner_workload import TASKS, episode_commands
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 
-STARTED = time.monotonic()
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
 GIT = ["git", "-c", "user.name=peer", "-c", "user.email=peer@localhost", "-c", "init.defaultBranch=main"]
 
@@ -88,17 +95,22 @@ def prepare_repo(task: Task, root: Path) -> Path:
     return repo
 
 
-def run_episode(task: Task, sample: int, config: dict[str, Any], spec: dict[str, Any], pm: Any) -> dict:
-    """mini-swe-agent's `process_instance`, on a LocalEnvironment in a temp copy of the repo."""
+def run_episode(
+    task: Task, sample: int, config: dict[str, Any], spec: dict[str, Any], pm: Any, t0: float
+) -> dict[str, Any]:
+    """mini-swe-agent's `process_instance`, on a LocalEnvironment in a temp copy of the repo, then its
+    submission graded by uniagent's verifier in this worker. Times are seconds from `t0`, the run's."""
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.run.benchmarks.swebench import update_preds_file
     from minisweagent.run.benchmarks.utils.common import ProgressTrackingAgent
 
+    from uniagent.tasks.verify import grade_one
+
     key = f"{task.instance_id}__{sample}"
     out = Path(spec["output"])
     root = Path(tempfile.mkdtemp(prefix="bench-peer-"))
-    t0 = time.perf_counter()
-    exit_status, submission, turns = None, "", 0
+    window = {"start": time.monotonic() - t0}
+    exit_status, submission, turns, graded = None, "", 0, {"status": "not graded"}
     try:
         model = make_model(peer_outputs([*episode_commands(task), SUBMIT]), spec["delay_s"], config["model"])
         pm.on_instance_start(key)
@@ -113,16 +125,23 @@ def run_episode(task: Task, sample: int, config: dict[str, Any], spec: dict[str,
         turns = agent.n_calls
         agent.save(out / key / f"{key}.traj.json", {"info": {"exit_status": exit_status}, "instance_id": key})
         update_preds_file(out / "preds.json", key, "deterministic", submission)
+        window["agent_end"] = window["verify_start"] = time.monotonic() - t0
+        graded = asyncio.run(grade_one(task, submission or "", {"type": "local"}))
+        window["verify_end"] = time.monotonic() - t0
         pm.on_instance_end(key, exit_status)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    window["end"] = time.monotonic() - t0
     return {
         "instance_id": task.instance_id,
         "sample": sample,
         "exit_status": exit_status,
         "submission": submission,
         "turns": turns,
-        "seconds": time.perf_counter() - t0,
+        "resolved": graded["status"] == "resolved",
+        "verify_status": graded["status"],
+        "verify_error": graded.get("error"),
+        "window": window,
     }
 
 
@@ -135,53 +154,37 @@ def peer_config() -> dict[str, Any]:
 
 
 def main(spec_path: str) -> int:
-    from minisweagent.run.benchmarks.utils.batch_progress import RunBatchProgressManager
-
     spec = json.loads(Path(spec_path).read_text())
+    join_cpuacct(spec.get("cpuacct"))
+    from minisweagent.environments.local import LocalEnvironment  # noqa: F401  (imports: start-up)
+    from minisweagent.models.test_models import DeterministicToolcallModel  # noqa: F401
+    from minisweagent.run.benchmarks.swebench import update_preds_file  # noqa: F401
+    from minisweagent.run.benchmarks.utils.batch_progress import RunBatchProgressManager
+    from minisweagent.run.benchmarks.utils.common import ProgressTrackingAgent  # noqa: F401
+
+    warm_imports()
     tasks = load_tasks(TASKS, limit=spec["tasks"])
     jobs = [(t, s) for t in tasks for s in range(spec["samples"])]
     config = peer_config()
     pm = RunBatchProgressManager(len(jobs), Path(spec["output"]) / "exit_statuses.yaml")
-    t0 = time.monotonic()
-    boot = resource.getrusage(resource.RUSAGE_SELF)  # imports and config: start-up, apart
+    cpu_start, t0 = rusage(), time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=spec["concurrency"]) as pool:
-        futures = [pool.submit(run_episode, t, s, config, spec, pm) for t, s in jobs]
+        futures = [pool.submit(run_episode, t, s, config, spec, pm, t0) for t, s in jobs]
         episodes = [f.result() for f in futures]
-    wall = time.monotonic() - t0
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    end, cpu_end = time.monotonic(), rusage()
     out = {
-        "wall_s": wall,
+        "ok": True,
+        "window_s": end - t0,
+        "startup_wall_s": t0 - STARTED,
+        "cpu_start": cpu_start,
+        "cpu_end": cpu_end,
         "episodes": episodes,
         "turns": sum(e["turns"] for e in episodes),
-        "user_s": me.ru_utime,
-        "sys_s": me.ru_stime,
-        "children_cpu_s": kids.ru_utime + kids.ru_stime,
         "maxrss_kb": peak_rss_kb(),
-        "startup_cpu_s": boot.ru_utime + boot.ru_stime,
-        "startup_wall_s": t0 - STARTED,
         "open_fds": len(os.listdir("/proc/self/fd")) - 1,
     }
     Path(spec["result"]).write_text(json.dumps(out))
     return 0
-
-
-def grade(tasks: list[Task], episodes: list[dict[str, Any]], concurrency: int) -> list[bool]:
-    """The peer's submissions scored by uniagent's verifier (`uniagent verify`'s `grade_one`) in
-    local sandboxes: resolved or not, per episode."""
-    from uniagent.tasks.verify import grade_one
-
-    by_id = {t.instance_id: t for t in tasks}
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(ep: dict[str, Any]) -> bool:
-        async with sem:
-            res = await grade_one(by_id[ep["instance_id"]], ep["submission"] or "", {"type": "local"})
-        return res["status"] == "resolved"
-
-    async def all_() -> list[bool]:
-        return list(await asyncio.gather(*(one(e) for e in episodes)))
-
-    return asyncio.run(all_())
 
 
 if __name__ == "__main__":

@@ -61,6 +61,43 @@ def cgroups_snapshot(owner: int | None = None) -> set[str]:
     return cgroups
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def cpuacct_group(name: str) -> Path | None:
+    """A cgroup v1 cpuacct group for one run of one side (see runner_child.join_cpuacct), or None
+    where this machine offers none (cgroup v2 only, or no write access): that run's CPU is then
+    read with rusage, and `cpu_basis` says so."""
+    try:
+        group = CPUACCT / name
+        group.mkdir()
+        return group
+    except OSError:
+        return None
+
+
+def group_cpu_s(group: Path) -> float:
+    """The CPU seconds every process that was ever in `group` has used in it."""
+    return int((group / "cpuacct.usage").read_text()) / 1e9
+
+
+def remove_group(group: Path | None, wait_s: float = 10.0) -> bool:
+    """Remove a run's cpuacct group once its last process is gone (an exiting one may linger)."""
+    deadline = time.monotonic() + wait_s
+    while group is not None:
+        try:
+            group.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            return False
+        break
+    return True
+
+
 STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
@@ -257,15 +294,61 @@ def check_run(run_dir: Path, expected: set[tuple[str, int]]) -> dict[str, Any]:
     return out
 
 
-def level_figures(
-    rows: list[dict[str, Any]], child: dict[str, Any], wall: float, cpu: dict[str, float]
+def side_figures(
+    report: dict[str, Any],
+    counts: tuple[int, int, int],
+    turns: int,
+    wall: float,
+    cpu: dict[str, float],
 ) -> dict[str, Any]:
-    """The per-level figures from the store rows, the child's own report and the machine's CPU."""
-    n = len(rows)
-    turns = sum(r["turns"] for r in rows)
-    startup_cpu = child["startup_user_s"] + child["startup_sys_s"]
-    own_cpu = child["user_s"] + child["sys_s"] - startup_cpu
-    run_wall = wall - child["startup_wall_s"]
+    """The figures both sides share, taken the same way from either child's report (`window_s`,
+    `startup_wall_s`, `cpu_start`/`cpu_end`: runner_child.rusage at the timed window's two ends),
+    `wall` (its process's start to exit, seen from outside) and the machine's CPU meanwhile.
+    Episodes per minute count resolved episodes only; CPU per model turn is the whole process tree's
+    over the window (its cpuacct cgroup; without one, its own plus its reaped descendants'), split
+    into the process's own (RUSAGE_SELF) and the rest (sandboxes, commands, the verifier's tests).
+    `counts`: the episodes scripted, those that ran, those resolved."""
+    expected, episodes, resolved = counts
+    window = report["window_s"]
+    c0, c1 = report["cpu_start"], report["cpu_end"]
+    own = c1["self_user_s"] + c1["self_sys_s"] - c0["self_user_s"] - c0["self_sys_s"]
+    reaped = c1["children_user_s"] + c1["children_sys_s"] - c0["children_user_s"] - c0["children_sys_s"]
+    if c0.get("tree_s") is not None and c1.get("tree_s") is not None:
+        total, basis = c1["tree_s"] - c0["tree_s"], "cpuacct cgroup: the whole process tree"
+    else:
+        total, basis = own + reaped, "rusage: self + reaped children (orphans' CPU may be lost)"
+    kids = total - own
+    per_turn = 1e3 / max(turns, 1)
+    return {
+        "episodes": episodes,
+        "resolved": resolved,
+        "failed": expected - resolved,
+        "turns": turns,
+        "wall_s": round(window, 2),
+        "episodes_per_min": round(resolved / window * 60, 2) if window > 0 else 0.0,
+        "turns_per_s": round(turns / window, 2) if window > 0 else 0.0,
+        "cpu_ms_per_turn": round((own + kids) * per_turn, 2),
+        "cpu_self_ms_per_turn": round(own * per_turn, 2),
+        "cpu_children_ms_per_turn": round(kids * per_turn, 2),
+        "cpu_basis": {"total": basis, "rusage_reaped_children_ms_per_turn": round(reaped * per_turn, 2)},
+        "startup_wall_s": round(report["startup_wall_s"], 2),
+        "startup_cpu_s": round(sum(c0.values()), 2),
+        "process_wall_s": round(wall, 2),
+        "episodes_per_min_with_startup": round(resolved / wall * 60, 2) if wall else 0.0,
+        "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,
+        "machine_cpu_s": {"user": round(cpu["user"], 1), "sys": round(cpu["sys"], 1)},
+    }
+
+
+def level_figures(
+    rows: list[dict[str, Any]],
+    child: dict[str, Any],
+    wall: float,
+    cpu: dict[str, float],
+    expected: int | None = None,
+) -> dict[str, Any]:
+    """uniagent's figures from the store rows, the runner child's report and the machine's CPU;
+    `expected`: the episodes scripted (default: those stored)."""
     timings = [json.loads(r["timings"]) if isinstance(r["timings"], str) else r["timings"] for r in rows]
     medians = {
         key: round(statistics.median(t[key] for t in timings if key in t), 3)
@@ -273,23 +356,12 @@ def level_figures(
         if any(key in t for t in timings)
     }
     lags = child.get("lag_s") or []
+    resolved = sum(bool(r["resolved"]) for r in rows)
+    counts = (len(rows) if expected is None else expected, len(rows), resolved)
+    figs = side_figures(child, counts, sum(r["turns"] for r in rows), wall, cpu)
     return {
-        "episodes": n,
-        "wall_s": round(wall, 2),
-        "episodes_per_min": round(n / wall * 60, 2) if wall else 0.0,
-        "turns_per_s": round(turns / wall, 2) if wall else 0.0,
-        "turns": turns,
-        "startup_s": {"wall": round(child["startup_wall_s"], 2), "cpu": round(startup_cpu, 2)},
-        "episodes_per_min_after_startup": round(n / run_wall * 60, 2) if run_wall > 0 else 0.0,
-        "framework_cpu_ms_per_step": round((own_cpu - child["grade_cpu_s"]) / max(turns, 1) * 1e3, 2),
-        "runner_cpu_s": {
-            "user": round(child["user_s"] - child["startup_user_s"], 2),
-            "sys": round(child["sys_s"] - child["startup_sys_s"], 2),
-        },
+        **figs,
         "verifier_parse_cpu_s": round(child["grade_cpu_s"], 2),
-        "children_cpu_s": round(child["children_user_s"] + child["children_sys_s"], 2),
-        "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,
-        "machine_cpu_s": {"user": round(cpu["user"], 1), "sys": round(cpu["sys"], 1)},
         "loop_lag_ms": {
             "p50": round(percentile(lags, 50) * 1e3, 2),
             "p99": round(percentile(lags, 99) * 1e3, 2),
@@ -297,8 +369,32 @@ def level_figures(
         },
         "loop_stalls": {k: v for k, v in (child.get("stalls") or {}).items() if k != "top_stacks"},
         "exits": dict(collections.Counter(r["exit_reason"] for r in rows)),
-        "resolved": sum(bool(r["resolved"]) for r in rows),
         "episode_median_s": medians,
         "open_fds_at_end": child["open_fds"],
         "threads_at_end": child["threads"],
+    }
+
+
+def peer_figures(peer: dict[str, Any], expected: int, wall: float, cpu: dict[str, float]) -> dict[str, Any]:
+    """The peer's figures from bench/runner_peer.py's report, on `side_figures`' basis: an episode
+    counts as resolved when mini-swe-agent submitted and the verifier (in its worker) resolved it."""
+    episodes = peer["episodes"]
+    resolved = sum(e["exit_status"] == "Submitted" and e["resolved"] for e in episodes)
+    figs = side_figures(peer, (expected, len(episodes), resolved), peer["turns"], wall, cpu)
+    spans = {
+        "agent_s": ("start", "agent_end"),
+        "verifier_s": ("verify_start", "verify_end"),
+        "episode_s": ("start", "end"),
+    }
+    medians = {
+        key: round(statistics.median(e["window"][b] - e["window"][a] for e in episodes), 3)
+        for key, (a, b) in spans.items()
+        if episodes and all(a in e["window"] and b in e["window"] for e in episodes)
+    }
+    return {
+        **figs,
+        "exits": dict(collections.Counter(e["exit_status"] for e in episodes)),
+        "verifier": dict(collections.Counter(e["verify_status"] for e in episodes)),
+        "episode_median_s": medians,
+        "open_fds_at_end": peer["open_fds"],
     }

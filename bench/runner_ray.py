@@ -47,6 +47,7 @@ from typing import Any
 
 import runner as base
 from ray_cluster import LocalCluster
+from runner_probe import store_count
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 
@@ -91,8 +92,8 @@ def watch(
         per_node = cluster.actors_per_node()
         if sum(per_node.values()) > sum(peak.values()):
             peak = per_node
-        if mode != "none" and not report["victims"] and base.store_count(run_dir) >= target:
-            stored = base.store_count(run_dir)
+        if mode != "none" and not report["victims"] and store_count(run_dir) >= target:
+            stored = store_count(run_dir)
             victims = kill(cluster, mode)
             if victims:
                 report.update(at_s=round(time.monotonic() - t0, 2), stored_before=stored, victims=victims)
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace, tasks: list[Task], root: Path) -> bool:
     emit("episode_median_s", figs["episode_median_s"], "s", **ctx)
     emit("cpu_util", figs["cpu_util"], "fraction", **ctx, machine_cpu_s=figs["machine_cpu_s"])
     # Start-up (imports, ray.init, actors) included: the driver runs no episode to mark its end.
-    emit("driver_cpu_ms_per_step", figs["framework_cpu_ms_per_step"], "ms/turn", **ctx, with_startup=True)
+    emit("driver_cpu_ms_per_step", figs["cpu_self_ms_per_turn"], "ms/turn", **ctx, with_startup=True)
     emit("actors_per_node", kill_report.pop("actors_per_node"), None, **ctx)
     emit("kill", kill_report, None, **ctx)
     emit("redone", {"count": len(redone), "pairs": redone}, None, **ctx)

@@ -1,7 +1,8 @@
-"""bench/runner.py at a tiny size: its scripted workload, a real level (2 starter tasks, concurrency 2,
-no latency) through the real runner child with bubblewrap sandboxes and the verifier, the
-mini-swe-agent peer, and the kill/resume checker on a real run store. The full levels (1, 100,
-1,000) are the bench's job, not a test's."""
+"""bench/runner.py at a tiny size: its scripted workload; the whole script (2 starter tasks, concurrency
+2, no latency, 2 repeats) through the real runner child with bubblewrap sandboxes and the verifier
+and the mini-swe-agent peer graded in its workers, with CPU counted the same way on both sides;
+the gate (a run with an unresolved episode prints no figure and exits 1); and the kill/resume
+checker on a real run store. The full levels (1, 100, 1,000) are the bench's job, not a test's."""
 
 from __future__ import annotations
 
@@ -25,12 +26,32 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scripts do
 
 import runner  # noqa: E402
+import runner_figures  # noqa: E402
 import runner_probe  # noqa: E402
 
+US, PEER = runner_figures.US, runner_figures.PEER
 
-def figures(out: str) -> dict[tuple[str, str], dict]:
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    return {(f["figure"], f.get("system", "")): f for f in lines}
+
+def lines_of(out: str) -> list[dict]:
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+
+
+def pick(lines: list[dict], figure: str, system: str = "", **match: object) -> list[dict]:
+    """The lines of one figure, for one system ('' for none), matching `match` (`stat=None`: a run's)."""
+    return [
+        f
+        for f in lines
+        if f["figure"] == figure
+        and f.get("system", "") == system
+        and all(f.get(k) == v for k, v in match.items())
+    ]
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    monkeypatch.setattr(
+        sys, "argv", ["runner.py", "--tasks", "2", "--delay", "0", "--sample-s", "0.5", *argv]
+    )
+    return runner.main()
 
 
 def test_script_is_ten_turns_eight_explorations_gold_patch_submit():
@@ -47,30 +68,109 @@ def test_script_is_ten_turns_eight_explorations_gold_patch_submit():
 
 
 @needs_bwrap
-def test_tiny_level_and_peer_resolve_every_episode(tmp_path, codec, capsys):
-    argv = ["--tasks", "2", "--delay", "0", "--sample-s", "0.5"]
-    args = runner.build_parser().parse_args(argv)
-    tasks = load_tasks(runner.TASKS, limit=2)
-    ours = runner.run_level(2, tasks, codec, tmp_path / "level-2", args)
-    assert ours["episodes"] == 2 and ours["resolved"] == 2 and ours["all_resolved"], ours
-    assert ours["exits"] == {"finished": 2}
-    assert ours["turns"] == 20  # ten scripted turns each
-    assert ours["framework_cpu_ms_per_step"] > 0 and 0 < ours["cpu_util"] <= 1
-    assert ours["loop_lag_ms"]["p99"] >= ours["loop_lag_ms"]["p50"] >= 0
-    assert set(ours["episode_median_s"]) >= {"setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s"}
-    assert ours["peak_rss_mb"]["tree_sampled"] > 0
-    assert ours["peak_memory_mb"]["tree_pss"] > 0 and "machine_delta" in ours["peak_memory_mb"]
-    assert ours["leftovers"] == {"processes": [], "cgroups": [], "tmp": []}
-    peer = runner.run_peer(2, tasks, tmp_path / "peer-2", args)
-    assert peer["exits"] == {"Submitted": 2} and peer["resolved"] == 2, peer
-    runner.emit_ratio(2, ours, peer)
-    got = figures(capsys.readouterr().out)
-    for name in ("wall_s", "episodes_per_min", "turns_per_s", "framework_cpu_ms_per_step", "cpu_util"):
-        assert got[(name, "uniagent")]["value"] is not None
-        assert got[(name, "mini-swe-agent")]["value"] is not None
-    for name in ("peak_rss_mb", "open_fds_at_end", "loop_lag_ms", "exits", "leftovers", "episode_median_s"):
-        assert (name, "uniagent") in got
-    assert got[("peer_vs_uniagent_wall", "")]["value"] > 0
+def test_both_sides_repeated_peer_graded_in_its_workers_cpu_with_children(tmp_path, monkeypatch, capsys):
+    rc = run_main(
+        monkeypatch, "--levels", "2", "--repeats", "2", "--keep", str(tmp_path), "--goal-vs-peer", "0"
+    )
+    lines = lines_of(capsys.readouterr().out)
+    assert rc == 0 and pick(lines, "ok")[0]["value"] is True, [f for f in lines if f["figure"] == "error"]
+    for system in (US, PEER):
+        for repeat in (0, 1):
+            run = {f["figure"]: f for f in lines if f.get("system") == system and f.get("repeat") == repeat}
+            assert run["all_resolved"]["value"] is True and run["failed"]["value"] == 0
+            assert run["episodes"]["value"] == run["resolved"]["value"] == 2 and run["turns"]["value"] == 20
+            rate = run["episodes_per_min"]
+            assert rate["valid"] and rate["value"] == pytest.approx(120 / run["wall_s"]["value"], rel=0.01)
+            # CPU on one basis on both sides: the whole tree (the child's own plus its sandboxes',
+            # commands' and tests'), from the first episode on; start-up apart, the same way.
+            total, own = run["cpu_ms_per_turn"]["value"], run["cpu_self_ms_per_turn"]["value"]
+            kids = run["cpu_children_ms_per_turn"]["value"]
+            assert own > 0 and kids > 0 and abs(total - own - kids) < 0.05
+            assert kids >= run["cpu_basis"]["value"]["rusage_reaped_children_ms_per_turn"] - 0.05
+            assert run["startup_wall_s"]["value"] > 0 and run["startup_cpu_s"]["value"] > 0
+            window = run["wall_s"]["value"] + run["startup_wall_s"]["value"]
+            assert run["process_wall_s"]["value"] >= window - 0.02  # the process holds both
+        # median and spread of each figure over the repeats
+        for name in runner_figures.SUMMARISED:
+            (med,) = pick(lines, name, system, stat="median")
+            runs = [f["value"] for f in pick(lines, name, system, stat=None) if "repeat" in f]
+            assert med["valid"] and med["runs"] == runs and len(runs) == 2
+            assert med["min"] <= med["value"] <= med["max"]
+    # uniagent / peer per repeat, then its median and spread
+    for name in runner_figures.RATIOS:
+        per = pick(lines, f"{US}_vs_peer_{name}", stat=None)
+        (med,) = pick(lines, f"{US}_vs_peer_{name}", stat="median")
+        assert [f["repeat"] for f in per] == [0, 1] and all(f["valid"] for f in per)
+        assert med["runs"] == [f["value"] for f in per] and med["valid"]
+    ratio = pick(lines, f"{US}_vs_peer_episodes_per_min", stat=None)[0]["value"]
+    ours0 = pick(lines, "episodes_per_min", US, repeat=0)[0]["value"]
+    peer0 = pick(lines, "episodes_per_min", PEER, repeat=0)[0]["value"]
+    assert ratio == round(ours0 / peer0, 3)
+    (goal,) = pick(lines, "goal")
+    assert goal["met"] and goal["valid"] and goal["of"] == f"{US}_vs_peer_episodes_per_min"
+    # uniagent's own probes, as before
+    run0 = {f["figure"]: f["value"] for f in lines if f.get("system") == US and f.get("repeat") == 0}
+    assert run0["exits"] == {"finished": 2} and run0["leftovers"] == {
+        "processes": [],
+        "cgroups": [],
+        "tmp": [],
+    }
+    assert run0["loop_lag_ms"]["p99"] >= run0["loop_lag_ms"]["p50"] >= 0
+    assert set(run0["episode_median_s"]) >= {"setup_s", "sandbox_start_s", "tools_s", "model_s", "verifier_s"}
+    assert run0["peak_memory_mb"]["tree_pss"] > 0 and "machine_delta" in run0["peak_memory_mb"]
+    # The peer graded each episode in its worker, inside the episode and inside the timed window.
+    for repeat in (0, 1):
+        peer = json.loads((tmp_path / "peer-2" / f"r{repeat}" / "peer.json").read_text())
+        assert len(peer["episodes"]) == 2
+        for ep in peer["episodes"]:
+            w = ep["window"]
+            assert ep["exit_status"] == "Submitted" and ep["verify_status"] == "resolved", ep
+            assert 0 <= w["start"] < w["agent_end"] <= w["verify_start"] < w["verify_end"] <= w["end"]
+            assert w["end"] <= peer["window_s"]
+        assert peer["startup_wall_s"] > 0  # imports and config before the window
+    peer0 = {f["figure"]: f["value"] for f in lines if f.get("system") == PEER and f.get("repeat") == 0}
+    assert peer0["verifier"] == {"resolved": 2} and peer0["exits"] == {"Submitted": 2}
+    assert peer0["episode_median_s"]["verifier_s"] > 0
+    assert not list(runner_probe.CPUACCT.glob(f"bench-runner-{os.getpid()}-*"))  # groups removed
+
+
+@needs_bwrap
+def test_an_unresolved_episode_voids_the_figures_and_fails_the_exit(monkeypatch, capsys):
+    # Two turns allowed of the ten scripted: the episode ends unresolved (max_turns).
+    argv = ("--tasks", "1", "--levels", "1", "--repeats", "1", "--no-peer", "--set", "agent.max_turns=2")
+    assert run_main(monkeypatch, *argv) == 1
+    lines = lines_of(capsys.readouterr().out)
+    run = {f["figure"]: f for f in lines if f.get("system") == US and f.get("repeat") == 0}
+    assert run["all_resolved"]["value"] is False and run["failed"]["value"] == 1
+    assert run["exits"]["value"] == {"max_turns": 1}
+    for name in ("episodes_per_min", "wall_s", "cpu_ms_per_turn", "turns_per_s"):
+        assert run[name]["value"] is None and run[name]["valid"] is False and "unchecked" in run[name]
+        (med,) = pick(lines, name, US, stat="median")
+        assert med["value"] is None and med["valid"] is False
+    assert pick(lines, "ok")[0]["value"] is False
+
+
+def test_gate_voids_ratios_and_goals_resting_on_an_unresolved_run(capsys):
+    good = {"all_resolved": True, "episodes_per_min": 200.0, "episodes_per_min_with_startup": 150.0}
+    bad = {**good, "all_resolved": False}
+    for name in runner_figures.RATIOS:
+        good.setdefault(name, 1.0)
+    bad.update({k: v for k, v in good.items() if k != "all_resolved"})
+    vs = runner_figures.ratios([good, good], [good, bad], level=1000)
+    assert vs["episodes_per_min"]["runs"] == [1.0] and not vs["episodes_per_min"]["valid"]
+    ours = runner_figures.summarise([good, bad], 2, level=1000, system=US)
+    assert ours["episodes_per_min_with_startup"]["median"] == 150.0  # above the goal, but not valid
+    assert runner_figures.goals(1000, ours, vs, 0.5) is False
+    assert runner_figures.goals(1000, runner_figures.summarise([good], 1), {}, None) is True
+    lines = lines_of(capsys.readouterr().out)
+    goals = pick(lines, "goal")
+    assert [g["met"] for g in goals] == [False, False, True]
+    per = pick(lines, f"{US}_vs_peer_episodes_per_min", stat=None)
+    assert [f["value"] for f in per] == [1.0, None]
+    runner_figures.emit_run({**bad, "resolved": 1}, system=PEER)
+    lines = lines_of(capsys.readouterr().out)
+    assert pick(lines, "resolved", PEER)[0]["value"] == 1  # what went wrong stays visible
+    assert pick(lines, "episodes_per_min", PEER)[0]["value"] is None
 
 
 def _put(store: RunStore, iid: str, sample: int, resolved: bool = True) -> None:
