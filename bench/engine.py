@@ -13,12 +13,13 @@ and the labelled extra ``llama_server_q4_1`` (the packaged 4-bit file); opt-in: 
 `--repeats` times, and stopped before the next starts, so only one engine's threads exist at a time.
 
 Figures per engine (median and spread over repeats; null when an episode came short of its tokens):
-``aggregate_tokens_per_s`` (all tokens / wall time), ``prefill_mfu`` (prefill FLOPs over the prefill
-tokens the engine ran, roofline.transformer_flops, / time spent prefilling -- forward hooks for torch
-engines, the server's per-request timings for llama-server, the slowest request of each turn -- / the
-dtype's measured matmul peak), ``decode_bandwidth_util`` (weight bytes x decode steps / decode time /
-measured copy bandwidth), ``ttft_s`` and ``turn_s`` per turn; then ``prefill_4k`` and ``prefill_4x2k``
-(engine_prefill.py: tokens/s, MFU, MFU of the bf16 peak) and the ratios per repeat and their median.
+``aggregate_tokens_per_s`` (all tokens / wall time), ``prefill_mfu`` (useful prefill FLOPs of the prompt
+tokens the engine ran -- roofline.transformer_flops without the lm head of all but the last position --
+/ time spent prefilling -- forward hooks for torch engines; for llama-server its per-request timings,
+the slowest request of each turn -- / the dtype's measured matmul peak), ``decode_bandwidth_util``
+(weight bytes x decode steps / decode time / measured copy bandwidth), ``ttft_s`` and ``turn_s`` per
+turn; then ``prefill_4k`` and ``prefill_4x2k`` (engine_prefill.py: tokens/s, MFU, MFU of the bf16
+peak) and the ratios per repeat and their median.
 Goals (issue 28): local_new >= 54 tokens/s (3x 18) and >= 2x llama_server; its 4K prefill >= 30 % of the
 bf16 peak. Exit 1 when a goal is missed or an episode came short (``--no-goals``: exit 0 anyway).
 
@@ -41,10 +42,10 @@ import torch
 
 from common import emit, spread
 from engine_peers import LLAMA, Side, open_side
-from engine_prefill import prefill_figures
+from engine_prefill import prefill_figures, prefill_flops
 from engine_short import short_section
 from engine_workload import Result, Workload, build_workload, drive, warm_up
-from roofline import bandwidth_util, mfu, peaks, transformer_flops
+from roofline import bandwidth_util, mfu, peaks
 from uniagent.models.loading import load_tokenizer, resolve_model
 from uniagent.tokens import ChatCodec
 
@@ -53,7 +54,7 @@ TODAY_TOKENS_PER_S = 18.0  # issue 28: the agent bench's LocalEngine aggregate b
 log = logging.getLogger(BENCH)
 
 
-def prefill_flops(side: Side, config: Any, result: Result, counted: int | None) -> float:
+def run_prefill_flops(side: Side, config: Any, result: Result, counted: int | None) -> float:
     """FLOPs of the prefill the engine ran: llama-server says per request how many prompt tokens it
     ran; a torch engine that reuses prefixes runs what the previous turn did not (scaled to the prompt
     tokens it counts); one that does not runs every prompt in full."""
@@ -63,7 +64,7 @@ def prefill_flops(side: Side, config: Any, result: Result, counted: int | None) 
         ]
     else:
         pairs = [(length, prior if side.reuses_prefix else 0) for length, prior in result.prompts]
-    flops = sum(transformer_flops(config, n - r, context=r + (n - r) / 2) for n, r in pairs)
+    flops = sum(prefill_flops(config, n - r, context=r + (n - r) / 2) for n, r in pairs)
     ran = sum(n - r for n, r in pairs)
     return flops * (counted / ran) if counted and ran else flops
 
@@ -114,7 +115,7 @@ async def run_engine(
             split = time_split(side, work)
             if split is not None:
                 counted = after.get("prefill_tokens", 0) - before.get("prefill_tokens", 0) or None
-                flops = prefill_flops(side, config, result, counted)
+                flops = run_prefill_flops(side, config, result, counted)
                 rows["prefill_mfu"].append(mfu(flops, split[0], peak_dtype(side.precision), peak) or 0.0)
                 rows["decode_bw"].append(bandwidth_util(side.weight_bytes * split[2], split[1], peak) or 0.0)
             log.info("%s %s: %.2f tokens/s %s", name, work.tag, rows["rate"][-1], result.short or "")
