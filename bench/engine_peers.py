@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ class Side:
     reuses_prefix: bool
     clock: ForwardClock | None = None
     timings: list[dict[str, Any]] = field(default_factory=list)  # llama-server, per request
-    stats: Any = None  # () -> dict of engine counters
+    stats: Callable[[], dict[str, Any]] | None = None  # the engine's counters now
     group: list[int] = field(default_factory=lambda: [1])  # hf_generate: prompts per generate call
 
     def reset(self) -> None:
