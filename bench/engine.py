@@ -123,7 +123,8 @@ async def run_engine(
         if not args.no_prefill:
             scale = args.prefill_scale
             prefill = await prefill_figures(side, env["codec"], config, args.repeats, scale, peak)
-        extra = {"precision": side.precision, "weight_bytes": side.weight_bytes, **after}
+        counters = {k: v - before.get(k, 0) for k, v in after.items() if k != "max_rows"}  # the last repeat
+        extra = {"precision": side.precision, "weight_bytes": side.weight_bytes, "last_repeat": counters}
     if name.startswith("llama_server"):
         extra["omp_wait"] = "passive" if name == "llama_server_passive" else "spin (OpenMP default, as torch)"
     complete = all(r.complete for r in results)
@@ -271,10 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.quick:
-        args.episodes, args.turns, args.first_tokens = 4, 3, 500
-        args.observation_tokens, args.new_tokens = 250, 48
+    parser = build_parser()
+    if parser.parse_args(argv).quick:  # smaller defaults; flags given still win
+        parser.set_defaults(episodes=4, turns=3, first_tokens=500, observation_tokens=250, new_tokens=48)
+    args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.short:
