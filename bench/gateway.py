@@ -143,16 +143,16 @@ async def main(args: argparse.Namespace) -> None:
 
     gateway = Gateway(engine, codec)
     handler: list[float] = []
-    chat = gateway.chat
+    serve = gateway.calls.serve  # every protocol route's handler, looked up per request
 
-    async def timed_chat(sid: str, body: dict[str, Any]) -> Any:
+    async def timed_serve(wire: Any, session: Any, body: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         try:
-            return await chat(sid, body)
+            return await serve(wire, session, body)
         finally:
             handler.append(time.perf_counter() - t0)
 
-    gateway.chat = timed_chat  # type: ignore[method-assign]
+    gateway.calls.serve = timed_serve  # type: ignore[method-assign]
     async with GatewayServer(gateway) as server:
         for sessions in (1, 50):
             lat, rps, inside = [], [], []

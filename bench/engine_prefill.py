@@ -1,0 +1,78 @@
+"""The prefill figure of bench/engine.py: one 4K-token prompt, and 4 concurrent 2K-token prompts, one new
+token each, per engine: prefill tokens per second and the fraction of the matmul peak they reach.
+
+Why apart from the agent run: there, prefill and decode of different episodes interleave and the prefix
+cache changes how much is prefilled; here every engine runs the same fresh prompts (new text each
+repeat, no cache holds them) and the time is the request's whole wall time, so the figure is the
+engine's prefill and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from common import spread
+from engine_peers import Side
+from engine_workload import observation_text
+from roofline import mfu, transformer_flops
+from uniagent.models.base import SamplingParams
+from uniagent.tokens import ChatCodec
+
+SHAPES = (("prefill_4k", 1, 4096), ("prefill_4x2k", 4, 2048))  # (figure, prompts at once, tokens each)
+
+
+def prefill_flops(config: Any, tokens: int, context: float) -> float:
+    """Useful FLOPs of prefilling `tokens` positions attending to `context` on average: the model's
+    forward (roofline.transformer_flops) without the lm head on all but the last position, whose logits
+    no engine needs (SmolLM2: the tied head is a fifth of the weights)."""
+    head = 2.0 * config.hidden_size * config.vocab_size * max(tokens - 1, 0)
+    return transformer_flops(config, tokens, context=context) - head
+
+
+def prompts(codec: ChatCodec, count: int, tokens: int, seed: int) -> list[list[int]]:
+    """`count` different prompts of exactly `tokens` ids (source-like text, fresh for each `seed`)."""
+    rng = random.Random(1000 + seed)
+    return [codec.encode(observation_text(rng, tokens + 8, codec))[:tokens] for _ in range(count)]
+
+
+async def timed(side: Side, batch: list[list[int]], tag: str) -> float:
+    """Wall seconds to prefill `batch` at once and sample one token each."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=1, stop_token_ids=[])
+    side.group[0] = len(batch)
+    began = time.perf_counter()
+    outs = await asyncio.gather(
+        *(side.generate(p, sampling, f"{tag}-{i}", None) for i, p in enumerate(batch))
+    )
+    spent = time.perf_counter() - began
+    if any(len(o.token_ids) != 1 for o in outs):
+        raise SystemExit(f"{side.name}: a prefill request did not return its token")
+    return spent
+
+
+async def prefill_figures(
+    side: Side, codec: ChatCodec, config: Any, repeats: int, scale: float, peak: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Per shape: tokens/s (median and spread over `repeats`), MFU against the engine's own dtype peak
+    and against the bf16 peak (issue 28's goal). `scale` shrinks the prompts (smoke tests)."""
+    out: dict[str, dict[str, Any]] = {}
+    for figure, count, full in SHAPES:
+        tokens = max(16, int(full * scale))
+        await timed(side, prompts(codec, count, tokens, seed=-1), f"{figure}-warm")
+        rates, mfus, mfus_bf16 = [], [], []
+        flops = count * prefill_flops(config, tokens, context=tokens / 2)
+        for r in range(repeats):
+            spent = await timed(side, prompts(codec, count, tokens, seed=r), f"{figure}-{r}")
+            rates.append(count * tokens / spent)
+            mfus.append(mfu(flops, spent, side.precision, peak) or 0.0)
+            mfus_bf16.append(mfu(flops, spent, "bfloat16", peak) or 0.0)
+        out[figure] = {
+            "tokens_per_s": spread(rates, 1),
+            "mfu": spread(mfus, 4) if side.precision != "q4_1" else None,
+            "mfu_of_bf16_peak": spread(mfus_bf16, 4),
+            "prompts": count,
+            "prompt_tokens": tokens,
+        }
+    return out
