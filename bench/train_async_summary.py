@@ -260,8 +260,11 @@ def compare_pair(sync: dict[str, Any], asyn: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def across_pairs(runs: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and spread over pairs: each mode's figures, each ratio; the goals and whether all hold."""
+def across_pairs(
+    runs: list[dict[str, Any]], pairs: list[dict[str, Any]], gated: str = "sync_vs_async_wall_per_step"
+) -> dict[str, Any]:
+    """Median and spread over pairs: each mode's figures, each ratio; the goals (`gated`: the ratio
+    whose median must reach GOAL) and whether all hold."""
     modes: dict[str, Any] = {}
     for mode in MODES:
         mine = [r for r in runs if r["mode"] == mode]
@@ -280,9 +283,9 @@ def across_pairs(runs: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dic
         if values:
             ratios[name] = spread(values, 4)
     goals: dict[str, bool] = {}
-    if "sync_vs_async_wall_per_step" in ratios:
-        goals["sync_vs_async_wall_per_step"] = ratios["sync_vs_async_wall_per_step"]["median"] >= GOAL
-        ratios["sync_vs_async_wall_per_step"].update(goal=GOAL, met=goals["sync_vs_async_wall_per_step"])
+    if gated in ratios:
+        goals[gated] = ratios[gated]["median"] >= GOAL
+        ratios[gated].update(goal=GOAL, met=goals[gated])
     for mode, figures in modes.items():
         goals[f"{mode}_learns"] = figures["learned"]["value"]
     return {
@@ -334,7 +337,10 @@ def summarise_runs(
             keys = ("generated_tokens", "reward_mean")
             same = all(first_sync.rows[0].get(k) == untrained_rows[0].get(k) for k in keys)
             untrained["same_first_step_as_sync"] = same
-    return {"untrained": untrained, "runs": out_runs, "pairs": pairs, **across_pairs(out_runs, pairs)}
+    # the goal on the steps after the warm-up where there is one: a first step slowed by what happens
+    # once (it is in the whole-process ratio) must not carry the per-step verdict
+    gated = "sync_vs_async_wall_per_step" + ("_after_warmup" if warmup else "")
+    return {"untrained": untrained, "runs": out_runs, "pairs": pairs, **across_pairs(out_runs, pairs, gated)}
 
 
 def _rounded(value: Any) -> Any:
