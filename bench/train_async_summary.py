@@ -45,6 +45,7 @@ MODES = ("sync", "async")
 # per-mode figures also given as median and spread over the pairs
 ACROSS_PAIRS = (
     "wall_per_step_s",
+    "wall_per_step_after_warmup_s",
     "step_s_median",
     "generated_tokens",
     "generated_tokens_per_wall_s",
