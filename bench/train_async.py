@@ -56,11 +56,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from train_async_summary import BENCH, MODES, Costing, Run, figure_lines, summarise_runs
+from train_async_summary import BENCH, MODES, Costing, Run, summarise_runs
 from uniagent.jsonio import write_text_atomic
 from uniagent.train.outputs import METRICS, plot_comparison, read_metrics
 
@@ -71,6 +71,22 @@ SUMMARY = "summary.json"
 UNTRAINED = "untrained"
 PROCESS = "bench_process.json"  # the child's whole wall clock, kept beside its rows for --dry-run
 NO_LEARNING = "optim.lr=1e-30"  # Adam moves a weight by ~lr: nothing in fp32 or bf16
+UNITS = {
+    "step_s_median": "s",
+    "rollout_tokens_per_s_median": "tokens/s",
+    "generated_tokens_per_wall_s": "tokens/s",
+    "generated_tokens": "tokens",
+    "update_tokens_counted": "tokens",
+    "rollout_prefill_tokens": "tokens",
+    "update_gflops_per_s": "GFLOP/s",
+    "episodes_trained": "episodes",
+    "steps": "steps",
+    "staleness_hist": "episodes per lag",
+    "staleness_max": "versions",
+    "reward_gain_per_100_episodes": "reward per 100 episodes",
+    "reward_gain_per_100_episodes_noise": "reward per 100 episodes",
+    "async_minus_sync_gain_per_100_episodes": "reward per 100 episodes",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,6 +267,72 @@ def costing(config: Path, sets: Sequence[str], runs: list[Run]) -> Costing | Non
     except Exception as exc:  # the utilisation figures are extra: summarise without them
         print(f"[{BENCH}] no MFU figures: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The JSON lines: the untrained reward; every run's figures (with `pair`); each pair's verdicts;
+    then the medians and spread over pairs (`pair: "all"`) and the goals."""
+
+    def line(figure: str, value: Any, unit: str | None, **extra: Any) -> dict[str, Any]:
+        return {"bench": BENCH, "figure": figure, "value": _rounded(value), "unit": unit, **extra, **context}
+
+    untrained = summary.get("untrained")
+    if untrained:
+        extra = {
+            k: untrained[k] for k in ("episodes", "per_step", "same_first_step_as_sync") if k in untrained
+        }
+        yield line(
+            "reward_untrained", untrained["reward"], "reward", noise=_rounded(untrained["noise"]), **extra
+        )
+    for run in summary["runs"]:
+        for name, value in run["figures"].items():
+            if name in ("reward_curve", "reward_last_episodes", "window", "reward_untrained"):
+                continue
+            yield line(
+                name,
+                value,
+                None if isinstance(value, bool) else unit_of(name),
+                mode=run["mode"],
+                pair=run["pair"],
+            )
+    for pair in summary["pairs"]:
+        for name, verdict in pair["comparison"].items():
+            rest = {k: _rounded(v) for k, v in verdict.items() if k != "value"}
+            yield line(name, verdict["value"], unit_of(name), pair=pair["pair"], **rest)
+    for mode, figures in summary["modes"].items():
+        for name, stats in figures.items():
+            if name == "learned":
+                yield line(name, stats["value"], None, mode=mode, pair="all", runs=stats["runs"])
+                continue
+            rest = {k: _rounded(v) for k, v in stats.items() if k != "median"}
+            yield line(name, stats["median"], unit_of(name), mode=mode, pair="all", **rest)
+    for name, stats in summary["ratios"].items():
+        rest = {k: _rounded(v) for k, v in stats.items() if k != "median"}
+        yield line(name, stats["median"], "x", pair="all", **rest)
+    yield line("goals_met", summary["goals_met"], None, goals=summary["goals"])
+
+
+def unit_of(name: str) -> str | None:
+    """The unit of a figure, from its name."""
+    if name in UNITS:
+        return UNITS[name]
+    if name.startswith("sync_vs_async"):
+        return "x"
+    if name.endswith("_s"):
+        return "s"
+    if "mfu" in name or name.endswith("_frac_mean"):
+        return "fraction"
+    if name.startswith(("reward_", "async_minus_sync")):
+        return "reward"
+    return None
 
 
 def summarise(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,22 +23,6 @@ from roofline import mfu, transformer_flops
 from uniagent.train.outputs import staleness_totals, wall_clock
 
 BENCH = "train_async"
-UNITS = {
-    "step_s_median": "s",
-    "rollout_tokens_per_s_median": "tokens/s",
-    "generated_tokens_per_wall_s": "tokens/s",
-    "generated_tokens": "tokens",
-    "update_tokens_counted": "tokens",
-    "rollout_prefill_tokens": "tokens",
-    "update_gflops_per_s": "GFLOP/s",
-    "episodes_trained": "episodes",
-    "steps": "steps",
-    "staleness_hist": "episodes per lag",
-    "staleness_max": "versions",
-    "reward_gain_per_100_episodes": "reward per 100 episodes",
-    "reward_gain_per_100_episodes_noise": "reward per 100 episodes",
-    "async_minus_sync_gain_per_100_episodes": "reward per 100 episodes",
-}
 GOAL = 1.5  # issue 17: async >= 1.5x sync wall-clock per step on 2 cores
 MODES = ("sync", "async")
 # per-mode figures also given as median and spread over the pairs
@@ -342,69 +325,3 @@ def summarise_runs(
     # once (it is in the whole-process ratio) must not carry the per-step verdict
     gated = "sync_vs_async_wall_per_step" + ("_after_warmup" if warmup else "")
     return {"untrained": untrained, "runs": out_runs, "pairs": pairs, **across_pairs(out_runs, pairs, gated)}
-
-
-def _rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
-
-
-def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The JSON lines: the untrained reward; every run's figures (with `pair`); each pair's verdicts;
-    then the medians and spread over pairs (`pair: "all"`) and the goals."""
-
-    def line(figure: str, value: Any, unit: str | None, **extra: Any) -> dict[str, Any]:
-        return {"bench": BENCH, "figure": figure, "value": _rounded(value), "unit": unit, **extra, **context}
-
-    untrained = summary.get("untrained")
-    if untrained:
-        extra = {
-            k: untrained[k] for k in ("episodes", "per_step", "same_first_step_as_sync") if k in untrained
-        }
-        yield line(
-            "reward_untrained", untrained["reward"], "reward", noise=_rounded(untrained["noise"]), **extra
-        )
-    for run in summary["runs"]:
-        for name, value in run["figures"].items():
-            if name in ("reward_curve", "reward_last_episodes", "window", "reward_untrained"):
-                continue
-            yield line(
-                name,
-                value,
-                None if isinstance(value, bool) else unit_of(name),
-                mode=run["mode"],
-                pair=run["pair"],
-            )
-    for pair in summary["pairs"]:
-        for name, verdict in pair["comparison"].items():
-            rest = {k: _rounded(v) for k, v in verdict.items() if k != "value"}
-            yield line(name, verdict["value"], unit_of(name), pair=pair["pair"], **rest)
-    for mode, figures in summary["modes"].items():
-        for name, stats in figures.items():
-            if name == "learned":
-                yield line(name, stats["value"], None, mode=mode, pair="all", runs=stats["runs"])
-                continue
-            rest = {k: _rounded(v) for k, v in stats.items() if k != "median"}
-            yield line(name, stats["median"], unit_of(name), mode=mode, pair="all", **rest)
-    for name, stats in summary["ratios"].items():
-        rest = {k: _rounded(v) for k, v in stats.items() if k != "median"}
-        yield line(name, stats["median"], "x", pair="all", **rest)
-    yield line("goals_met", summary["goals_met"], None, goals=summary["goals"])
-
-
-def unit_of(name: str) -> str | None:
-    """The unit of a figure, from its name."""
-    if name in UNITS:
-        return UNITS[name]
-    if name.startswith("sync_vs_async"):
-        return "x"
-    if name.endswith("_s"):
-        return "s"
-    if "mfu" in name or name.endswith("_frac_mean"):
-        return "fraction"
-    if name.startswith(("reward_", "async_minus_sync")):
-        return "reward"
-    return None

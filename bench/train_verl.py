@@ -259,7 +259,7 @@ def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[d
             for name, value in figures.items():
                 if name in SKIPPED - {"reward_curve"}:
                     continue
-                unit = train_async_summary.unit_of(name)
+                unit = train_async.unit_of(name)
                 unit = "tokens/s" if name == "tokens_per_s_after_warmup" else unit
                 yield {"bench": BENCH, "figure": name, "value": rounded(value), "unit": unit, **tags}
         for name, verdict in summary["comparison"].get(mode, {}).items():
