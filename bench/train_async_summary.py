@@ -43,6 +43,7 @@ RATIOS = {
     "sync_vs_async_wall_per_step": "wall_per_step_s",
     "sync_vs_async_wall_per_step_after_warmup": "wall_per_step_after_warmup_s",
     "sync_vs_async_wall_per_generated_token": "wall_per_generated_token_s",
+    "sync_vs_async_wall_per_generated_token_after_warmup": "wall_per_generated_token_after_warmup_s",
     "sync_vs_async_process_wall": "process_wall_s",
 }
 
@@ -186,6 +187,9 @@ def summarise_run(
         "generated_tokens": sum(generated) if all_generated else None,
         "generated_tokens_per_wall_s": sum(generated) / wall[-1] if all_generated and wall[-1] else None,
         "wall_per_generated_token_s": wall[-1] / sum(generated) if all_generated and sum(generated) else None,
+        "wall_per_generated_token_after_warmup_s": (wall[-1] - wall[warmup - 1]) / sum(generated[warmup:])
+        if all_generated and 0 < warmup < len(rows) and sum(generated[warmup:])
+        else None,
         "trainer_idle_frac_mean": _mean([t for t, _ in idle if t is not None]),
         "engine_idle_frac_mean": _mean([e for _, e in idle if e is not None]),
         "window": k,

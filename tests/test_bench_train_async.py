@@ -159,6 +159,7 @@ def test_slow_async_that_learns_worse_fails_every_verdict(tmp_path, capsys):
     assert every[("sync_vs_async_wall_per_step_after_warmup", None)]["met"] is False
     assert got[("wall_per_step_after_warmup_s", "async")]["value"] == pytest.approx(80.0)  # steps 3-8
     assert got[("sync_vs_async_wall_per_step_after_warmup", None)]["value"] == pytest.approx(1.25)
+    assert got[("sync_vs_async_wall_per_generated_token_after_warmup", None)]["value"] == pytest.approx(1.25)
     assert got[("learned", "async")]["value"] is False and got[("learned", "sync")]["value"] is True
     assert got[("async_minus_sync_reward_last", None)]["within_noise"] is False
     assert got[("async_minus_sync_gain_per_100_episodes", None)]["not_worse"] is False
