@@ -86,8 +86,9 @@ bench: setup llama-server
 	$(PY) bench/runner_ray.py
 	$(PY) bench/sandbox_footprint.py
 
-# Sync vs async local training, both modes trained for real on one config (long: every step is real
-# rollouts and an update, so not part of `bench`). Options: BENCH_TRAIN_ARGS="--steps 4 ...".
+# Sync vs async local training, both modes trained for real on one config: the untrained policy, then
+# 3 alternating sync/async pairs (long: every step is real rollouts and an update, so not part of
+# `bench`). Options: BENCH_TRAIN_ARGS="--pairs 2 --steps 4 ...".
 bench-train: setup system-deps
 	$(PY) bench/train_async.py $(BENCH_TRAIN_ARGS)
 

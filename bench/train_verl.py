@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import train_async
+import train_async_summary
 import train_verl_rows as vr
 from uniagent.jsonio import write_text_atomic
 from uniagent.train.outputs import METRICS, plot_comparison, read_metrics
@@ -225,7 +226,7 @@ def load_side(args: argparse.Namespace, side: str, mode: str) -> list[dict[str, 
 
 
 def summarise_run(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    figures = train_async.summarise_mode(rows, args.window, args.warmup)
+    figures = train_async_summary.summarise_run(rows, args.window, args.warmup)
     figures.update(vr.per_step(rows, args.warmup))
     return figures
 
@@ -258,7 +259,7 @@ def figure_lines(summary: dict[str, Any], context: dict[str, Any]) -> Iterator[d
             for name, value in figures.items():
                 if name in SKIPPED - {"reward_curve"}:
                     continue
-                unit = train_async.UNITS.get(name, "reward" if name.startswith("reward_") else None)
+                unit = train_async.unit_of(name)
                 unit = "tokens/s" if name == "tokens_per_s_after_warmup" else unit
                 yield {"bench": BENCH, "figure": name, "value": rounded(value), "unit": unit, **tags}
         for name, verdict in summary["comparison"].get(mode, {}).items():
@@ -335,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             for side in sides:
                 (args.out / side / f"{mode}.{WALL}").unlink(missing_ok=True)
                 if side == "local":
-                    wall = train_async.train_mode(local_args(args), mode)
+                    local = local_args(args)
+                    wall = train_async.train_run(local, mode, local.out / mode)
                 else:
                     with locked(args.lock):
                         wall = train_verl(args, mode)
