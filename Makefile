@@ -13,7 +13,7 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint docs bench bench-train bench-train-verl system-deps clean llama-server clis lock
+.PHONY: setup demo test lint docs bench bench-train bench-train-verl bench-train-precision system-deps clean llama-server clis lock
 
 setup: $(DEPS_STAMP)
 	@$(PY) -m uniagent.models.loading
@@ -75,6 +75,7 @@ docs: setup
 	@set -o pipefail; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict 2>&1 | { grep -v '^INFO' || true; }
 
 bench: setup llama-server
+	$(PY) bench/roofline.py --refresh
 	$(PY) bench/codec.py
 	$(PY) bench/engine.py
 	$(PY) bench/sandbox.py
@@ -96,6 +97,11 @@ bench-train: setup system-deps
 # 3-6 min apiece to start). Options: BENCH_TRAIN_VERL_ARGS="--modes sync --steps 4 ...".
 bench-train-verl: setup system-deps
 	$(PY) bench/train_verl.py $(BENCH_TRAIN_VERL_ARGS)
+
+# The local trainer in fp32, bf16 and bf16 with truncated IS, the same config, steps and seed (long:
+# 3 real trainings). Options: BENCH_TRAIN_PRECISION_ARGS="--steps 6 --set trainer.tasks_per_step=2".
+bench-train-precision: setup system-deps
+	$(PY) bench/train_precision.py $(BENCH_TRAIN_PRECISION_ARGS)
 
 # Re-pin every package of the venv after a dependency change in pyproject.toml (review the diff).
 lock: setup
