@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from uniagent.models import precision
+from uniagent.models.precision import check as check_dtype
 from uniagent.models.registry import engine_kind, split_spec
 from uniagent.models.remote.config import RemoteConfig
 from uniagent.parsers.registry import known_parser
@@ -107,7 +107,7 @@ class ModelConfig(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, name: str) -> str:
-        return precision.check(name)
+        return check_dtype(name)
 
     @field_validator("parser")
     @classmethod
