@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata as md
 import json
 import time
 from collections.abc import Callable
@@ -112,11 +111,7 @@ def measure(seconds: float = 0.5) -> dict[str, Any]:
 
 
 def _cache_path() -> Path:
-    try:
-        version = md.version("torch")
-    except md.PackageNotFoundError:
-        version = "none"
-    return cpu.cache_root() / "bench" / f"roofline-{cpu.cpu_id()}-{version}.json"
+    return cpu.cache_root() / "bench" / f"roofline-{cpu.cpu_id()}-{cpu.torch_version()}.json"
 
 
 def peaks(refresh: bool = False) -> dict[str, Any]:

@@ -170,14 +170,18 @@ def probe_torch(settings: tuple[tuple[str, dict[str, str]], ...] = TORCH_SETTING
     raise RuntimeError(f"torch cannot run a matmul on this CPU with any setting: {tried}")
 
 
-def _choice_path() -> Path:
+def torch_version() -> str:
+    """The installed torch's version without importing it ("none" when absent): part of cache keys."""
     import importlib.metadata as md
 
     try:
-        version = md.version("torch")
+        return md.version("torch")
     except md.PackageNotFoundError:
-        version = "none"
-    return cache_root() / "cpu" / f"torch-{cpu_id()}-{version}.json"
+        return "none"
+
+
+def _choice_path() -> Path:
+    return cache_root() / "cpu" / f"torch-{cpu_id()}-{torch_version()}.json"
 
 
 def torch_choice(refresh: bool = False) -> TorchChoice:

@@ -93,7 +93,7 @@ def response_log_probs(model: torch.nn.Module, batch: Batch, share_prefix: bool 
     width = batch.input_ids.shape[1]
     # Only positions from the earliest response onwards need logits: skip the vocab projection
     # over the prompts (about a fifth of a small model's compute and most of its activation memory).
-    keep = max(1, width - int(batch.prompt_len.min()) + 1)
+    keep = logit_positions(batch)
     shared = shared_prefix_len(batch) if share_prefix else 0
     if shared:
         # The rows' common prefix (a GRPO group's prompt, or the system prompt and tools every task
@@ -136,13 +136,13 @@ def forward_work(batch: Batch, share_prefix: bool = True) -> tuple[int, int]:
     projected to the vocabulary). The shared prefix runs once; padding is not counted. Benches turn
     these into model FLOPs (bench/roofline.py)."""
     shared = shared_prefix_len(batch) if share_prefix else 0
-    layers = (
-        int(batch.attention_mask.sum()) - shared * (len(batch) - 1)
-        if shared
-        else int(batch.attention_mask.sum())
-    )
-    keep = max(1, batch.input_ids.shape[1] - int(batch.prompt_len.min()) + 1)
-    return layers, keep * len(batch)
+    layers = int(batch.attention_mask.sum()) - shared * (len(batch) - 1)
+    return layers, logit_positions(batch) * len(batch)
+
+
+def logit_positions(batch: Batch) -> int:
+    """Positions per row whose logits `response_log_probs` needs: from the earliest response on."""
+    return max(1, batch.input_ids.shape[1] - int(batch.prompt_len.min()) + 1)
 
 
 MIN_SHARED_PREFIX = 32
