@@ -169,6 +169,19 @@ def transformer_flops(
     return flops * (3 if train else 1)
 
 
+def update_flops(config: Any, row: dict[str, Any]) -> float:
+    """Forward + backward FLOPs of one training step's update from its metrics row: the positions it
+    ran through the layers (`forward_tokens`: a shared prefix once) and projected to the vocabulary
+    (`logit_tokens`), attending on average to half an episode's positions. Rows from before those
+    fields counted fall back to the trained tokens (a lower bound: context tokens also run)."""
+    tokens = float(row.get("forward_tokens") or row.get("train_tokens") or 0)
+    if not tokens:
+        return 0.0
+    episodes = max(int(row.get("episodes") or 1), 1)
+    head = int(row.get("logit_tokens") or tokens)
+    return transformer_flops(config, int(tokens), tokens / episodes / 2, True, head)
+
+
 def weight_bytes(model: Any) -> int:
     """Bytes of the parameters a decode step reads (every weight once per step)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -14,10 +14,10 @@ moves both sides of a pair alike. It reads every `metrics.jsonl` and prints one 
   checkpoint included), ``generated_tokens``, ``generated_tokens_per_wall_s`` and
   ``wall_per_generated_token_s`` (the modes generate different token counts: this normalises),
   ``rollout_tokens_per_s_median``, ``trainer_idle_frac_mean``, ``engine_idle_frac_mean``;
-  ``update_gflops_per_s`` and ``update_mfu`` (forward + backward FLOPs of the trained tokens,
-  `roofline.transformer_flops(train=True)`, over the update seconds, as a fraction of the measured
-  peak of the trainer's dtype; ``update_mfu_of_fp32_peak``/``_of_bf16_peak`` against both: a lower
-  bound, the context tokens the update also runs are not counted), ``rollout_prefill_mfu`` (null
+  ``update_gflops_per_s`` and ``update_mfu`` (forward + backward FLOPs of every position the update
+  ran, `roofline.update_flops`: the rows' `forward_tokens`/`logit_tokens`, a shared prefix once, over
+  the update seconds, as a fraction of the measured peak of the trainer's dtype;
+  ``update_mfu_of_fp32_peak``/``_of_bf16_peak`` against both), ``rollout_prefill_mfu`` (null
   while the rows do not time the prefill); ``reward_first``/``reward_last`` (means over the first and
   last `--window` steps), ``reward_gain_over_untrained`` with its noise (2 standard errors) and
   ``learned`` (gain > noise), ``reward_gain_per_100_episodes``, ``staleness_hist``;

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import spread
-from roofline import mfu, transformer_flops
+from roofline import mfu, transformer_flops, update_flops
 from uniagent.train.outputs import staleness_totals, wall_clock
 
 BENCH = "train_async"
@@ -127,11 +127,11 @@ def utilisation(rows: list[dict[str, Any]], costing: Costing | None) -> dict[str
     where the rows time the prefill."""
     if costing is None:
         return {}
-    tokens = sum(float(r.get("train_tokens") or 0) for r in rows)
+    tokens = sum(float(r.get("forward_tokens") or r.get("train_tokens") or 0) for r in rows)
     seconds = sum(float(r.get("update_s") or 0) for r in rows)
     out: dict[str, Any] = {"trainer_dtype": costing.dtype, "update_tokens_counted": int(tokens)}
-    if tokens and seconds:
-        flops = transformer_flops(costing.hf_config, int(tokens), train=True)
+    flops = sum(update_flops(costing.hf_config, r) for r in rows)
+    if flops and seconds:
         out["update_gflops_per_s"] = flops / seconds / 1e9
         out["update_mfu"] = mfu(flops, seconds, costing.dtype, costing.peak)
         out["update_mfu_of_fp32_peak"] = mfu(flops, seconds, "float32", costing.peak)

@@ -104,12 +104,9 @@ def summarise(variant: str, rows: list[dict[str, Any]], args: argparse.Namespace
     fig["generated_tokens_per_s"] = round(gen / max(sum(float(r["rollout_s"]) for r in timed), 1e-9), 2)
     mfus = []
     for r in timed:
-        tokens = float(r.get("forward_tokens") or 0)
-        episodes = max(int(r.get("episodes") or 1), 1)
-        head = int(r.get("logit_tokens") or tokens)
-        flops = roofline.transformer_flops(config, int(tokens), tokens / episodes / 2, True, head)
+        flops = roofline.update_flops(config, r)
         value = roofline.mfu(flops, float(r["update_s"]), fig["dtype"] or "float32", peak)
-        if value is not None and tokens:
+        if value is not None and flops:
             mfus.append(value)
     fig["update_mfu"] = spread(mfus, 4) if mfus else None
     rewards = [r.get("reward_mean") for r in rows]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scrip
 
 import train_async  # noqa: E402
 import train_async_summary  # noqa: E402
-from roofline import transformer_flops  # noqa: E402
+from roofline import transformer_flops, update_flops  # noqa: E402
 
 # a tiny decoder and a made-up machine: the utilisation figures without loading a model or measuring
 TINY = SimpleNamespace(
@@ -225,11 +225,12 @@ def test_learning_is_measured_against_the_untrained_policy(tmp_path, capsys):
     assert summary["goals"]["async_learns"] is False and summary["goals_met"] is False
 
 
-def test_update_mfu_from_trained_tokens_and_update_seconds_prefill_mfu_only_when_timed():
+def test_update_mfu_from_the_positions_run_and_update_seconds_prefill_mfu_only_when_timed():
     steps = rows("sync", 100.0, RISING, train_tokens=500, engine={"prefill_tokens": 4000, "prefill_s": 2.0})
     costing = train_async_summary.Costing(TINY, "float32", PEAK)
     got = train_async_summary.summarise_run(steps, costing=costing)
-    flops = transformer_flops(TINY, 8 * 500, train=True)
+    # rows without forward_tokens count their trained tokens
+    flops = 8 * update_flops(TINY, {"train_tokens": 500, "episodes": 12})
     assert got["update_gflops_per_s"] == pytest.approx(flops / (8 * 25.0) / 1e9)
     assert got["update_mfu"] == pytest.approx(flops / 200.0 / 1e9 / 100.0, abs=1e-4)
     assert got["update_mfu_of_bf16_peak"] == pytest.approx(got["update_mfu"] / 8, abs=1e-4)
@@ -241,6 +242,12 @@ def test_update_mfu_from_trained_tokens_and_update_seconds_prefill_mfu_only_when
     assert (
         train_async_summary.summarise_run(steps, costing=bf16)["update_mfu"] == got["update_mfu_of_bf16_peak"]
     )
+    # rows that count the positions the update ran (a shared prefix once, logits from the responses on)
+    ran = rows("sync", 100.0, RISING, train_tokens=500, forward_tokens=900, logit_tokens=600, episodes=4)
+    more = train_async_summary.summarise_run(ran, costing=costing)
+    assert more["update_tokens_counted"] == 8 * 900
+    head = transformer_flops(TINY, 900, 900 / 4 / 2, True, 600)
+    assert more["update_gflops_per_s"] == pytest.approx(8 * head / (8 * 25.0) / 1e9)
 
 
 def test_runs_of_one_mode_unpaired_or_a_missing_metrics_file_say_what_to_pass(tmp_path):
