@@ -107,3 +107,36 @@ def test_default_budget_is_half_of_what_the_machine_has_and_doctor_reports_it():
     assert ModelConfig().memory_budget_bytes is None and ModelConfig().prefix_cache_bytes is None
     _, ok, detail = memory_check(ModelConfig(memory_budget_bytes=3 * 1024**3, prefix_cache_bytes=2**30))
     assert ok and "3.00 GiB (set)" in detail and "1.00 GiB" in detail
+
+
+def rss_bytes() -> int:
+    import os
+    from pathlib import Path
+
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_keys_values_live_in_mappings_of_their_own_that_go_back_when_freed():
+    import gc
+
+    import torch
+
+    from uniagent.models.kv import MAPPED_MIN_BYTES, mapped_zeros
+    from uniagent.models.local_memory import tune_malloc
+
+    assert tune_malloc()  # glibc here: activations stay in the heap, reused
+    cpu = torch.device("cpu")
+    small = mapped_zeros((4, 8), torch.bfloat16, cpu)
+    assert small.shape == (4, 8) and not small.any()
+    rows = 64 << 20  # 64 MiB of bf16, written through so every page is resident
+    big = mapped_zeros((2, rows // 4), torch.bfloat16, cpu)
+    assert big.numel() * 2 >= MAPPED_MIN_BYTES and big.dtype == torch.bfloat16 and not big.any()
+    big.fill_(1.0)
+    view = big[1, :16]  # a view keeps the mapping alive
+    before = rss_bytes()
+    del big
+    gc.collect()
+    assert float(view.sum()) == 16.0 and rss_bytes() > before - (8 << 20)
+    del view
+    gc.collect()
+    assert rss_bytes() < before - (48 << 20)  # unmapped with the tensor, whatever glibc keeps

@@ -29,6 +29,8 @@ row's numbers do not depend on its neighbours beyond float noise.
 from __future__ import annotations
 
 import collections
+import math
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 ATTENTION = "uniagent_sdpa"
+MAPPED_MIN_BYTES = 1 << 20  # keys/values from this size up get a mapping of their own
 _CHUNK = 256  # columns a buffer grows by when a decode step would overflow it
 _EMPTY = torch.empty(0)  # a buffer already handed over (merge) or not yet allocated
 
@@ -73,6 +76,16 @@ def gqa_sdpa_attention(
         enable_gqa=True,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def mapped_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed CPU tensor in an anonymous mapping of its own: its memory goes back to the system when
+    the tensor is freed (the mapping is unmapped with it), and pages are only touched as they are
+    written. Small tensors and other devices are allocated as usual."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < MAPPED_MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
 def use_gqa_attention(model: torch.nn.Module) -> None:
@@ -170,7 +183,7 @@ class SlotCache(Cache):
 
     def _buffer(self, rows: int, capacity: int) -> torch.Tensor:
         shape = (rows, self.dims.kv_heads, capacity, self.dims.head_dim)
-        return torch.zeros(shape, dtype=self.dims.dtype, device=self.dims.device)
+        return mapped_zeros(shape, self.dims.dtype, self.dims.device)
 
     @property
     def nbytes(self) -> int:
@@ -251,7 +264,7 @@ class SlotCache(Cache):
         shape = (len(keep), self.dims.kv_heads, capacity, self.dims.head_dim)
         for i in range(len(self.k)):
             for store in (self.k, self.v):
-                fresh = store[i].new_zeros(shape)
+                fresh = mapped_zeros(shape, store[i].dtype, store[i].device)
                 fresh[:, :, :length] = store[i].index_select(0, index)[:, :, columns]
                 store[i] = fresh
         mask = self.mask.new_zeros((len(keep), capacity))
@@ -261,9 +274,13 @@ class SlotCache(Cache):
     def row_kv(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row `row`'s real slots, in order, as contiguous `[kv_heads, n, head_dim]` copies per layer."""
         columns = self.mask[row, self.start : self.end].nonzero().squeeze(1) + self.start
-        keys = [k[row].index_select(1, columns) for k in self.k]
-        values = [v[row].index_select(1, columns) for v in self.v]
-        return keys, values
+        shape = (self.dims.kv_heads, len(columns), self.dims.head_dim)
+
+        def kept(buffer: torch.Tensor) -> torch.Tensor:
+            out = mapped_zeros(shape, buffer.dtype, buffer.device)  # kept for long: mapped apart
+            return torch.index_select(buffer[row], 1, columns, out=out)
+
+        return [kept(k) for k in self.k], [kept(v) for v in self.v]
 
     def place(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor], end: int) -> None:
         """Write a stored prefix into row `row` so that it ends at live column `end` (exclusive)."""

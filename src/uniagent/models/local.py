@@ -36,9 +36,9 @@ from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request
 from uniagent.models.local_memory import (
     Incoming,
     gib,
-    release_freed_memory,
     resolve_budget,
     resolve_prefix_cap,
+    tune_malloc,
 )
 from uniagent.models.local_update import WeightUpdate, copy_state, match_state, resolve
 from uniagent.models.precision import Precision
@@ -131,7 +131,7 @@ class LocalEngine:
         self._stats = EngineStats()
         self.memory_budget_bytes, self.memory_source = resolve_budget(memory_budget_bytes)
         self._prefixes = PrefixStore(resolve_prefix_cap(prefix_cache_bytes, self.memory_budget_bytes))
-        self.releases_memory = release_freed_memory()
+        self.releases_memory = tune_malloc()
         self._oversized: set[str] = set()  # request ids already warned about (over the budget alone)
         self._pending: collections.deque[Request] = collections.deque()
         self._updates: collections.deque[WeightUpdate] = collections.deque()
@@ -182,8 +182,8 @@ class LocalEngine:
         return (
             f"local engine {self.precision.dtype} ({self.precision.why}); "
             f"memory budget {gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
-            f"prefixes up to {gib(self._prefixes.budget_bytes)}; freed buffers returned to the system: "
-            f"{'yes' if self.releases_memory else 'no (not glibc)'}"
+            f"prefixes up to {gib(self._prefixes.budget_bytes)}; keys/values mapped apart, activations "
+            f"reused from the heap: {'yes' if self.releases_memory else 'no (not glibc)'}"
         )
 
     # ----------------------------------------------------------------------------------- public API

@@ -8,7 +8,7 @@ Why it works this way (measured on the 24 GB, 2-core machine, `uniagent run --ta
   block is freed its mmap threshold rises to 32 MiB, so every later per-layer buffer (a 16-row x 1,800
   column layer is 21 MiB) comes from the heap, and the copies each merge and regrowth frees stay in the
   process. Replaying the engine's allocation pattern: 3.6 GB resident for 1.4 GB live by default, 1.6 GB
-  with a fixed 1 MiB threshold (`release_freed_memory`). (2) Nothing bounded the bytes: admission
+  with a fixed 1 MiB threshold. (2) Nothing bounded the bytes: admission
   counted worst-case tokens (prompt + max_tokens) but every row of a batch is padded to the longest
   (right-aligned columns), a merge held both caches and the merged one at once, and a long prefill ran
   all its columns in one forward (per padded token ~30 KiB of activations, plus a [rows, q, kv] mask).
@@ -21,6 +21,15 @@ Why it works this way (measured on the 24 GB, 2-core machine, `uniagent run --ta
   warning: refusing it would fail it on every machine.
 - The default is half of what the machine has at start (MemAvailable, or what the cgroup still allows
   when that is less): the weights, the framework, sandboxes and tool processes live in the other half.
+- That 1 MiB threshold had a price, measured later (bench/roofline.py's machine, 2 threads, bf16): every
+  activation of 1 MiB or more was a fresh mmap, faulted in page by page and unmapped when freed. A 4K
+  prefill took 330K page faults and 0.6 s of kernel time (2.37 s instead of 1.90 s), a training update
+  of four 1K-token rows 17M faults (11.0 s instead of 9.5 s on the trainer's thread). So the two kinds of
+  memory now take two paths: keys/values (long-lived, the memory that must go back when a row ends) are
+  anonymous mappings of their own (kv.py's `mapped_zeros`: unmapped when the tensor is freed, whatever glibc
+  does), and everything else, short-lived activations, stays in glibc's heap and is reused
+  (`tune_malloc`: mmap threshold 32 MiB, trim threshold 256 MiB). A trainer still hands freed heap back
+  between steps (`malloc_trim`, train/outputs.py's `release_memory`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +50,9 @@ log = logging.getLogger(__name__)
 
 BUDGET_FRACTION = 0.5  # of the memory available at start, when no budget is set
 PREFIX_FRACTION = 0.25  # of the budget kept prefixes may hold, when no prefix cap is set
-MMAP_THRESHOLD = 1 << 20  # blocks from 1 MiB up are mmapped, so freeing one returns it to the system
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: activations below it are reused from the heap
+TRIM_THRESHOLD = 256 << 20  # free heap kept at its top before glibc gives it back (one step's activations)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def machine_available() -> tuple[int, str]:
@@ -101,17 +112,37 @@ def gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
 
 
-def release_freed_memory() -> bool:
-    """Fix glibc's mmap threshold at 1 MiB (see the module docstring): a freed key/value buffer goes back
-    to the system instead of staying in the heap. Process-wide; False where it is not glibc."""
-    name = ctypes.util.find_library("c")
-    if not name:
+def tune_malloc() -> bool:
+    """glibc's heap policy for a process that runs a model (see the module docstring): activations stay
+    in the heap and are reused, keys/values live in their own mappings. Process-wide, set by every
+    `LocalEngine`; False where it is not glibc."""
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        )
+    except AttributeError:
         return False
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the system now (glibc's malloc_trim; a no-op elsewhere)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)

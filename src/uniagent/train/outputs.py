@@ -14,36 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.jsonio import atomic_path, write_text_atomic
+from uniagent.models.local_memory import trim_heap
 from uniagent.train.config import TrainConfig
 
 METRICS = "metrics.jsonl"
 CURVE = "reward_curve.png"
 
 
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-if _LIBC is not None and hasattr(_LIBC, "mallopt"):
-    # glibc raises its mmap threshold as big blocks are freed, after which the KV caches and
-    # activations of every step land in the heap arenas and are never given back: RSS grew by
-    # ~3 GB per step until the OOM killer stopped a 135M-parameter run at step 7. A fixed threshold
-    # (M_MMAP_THRESHOLD = -3) keeps big tensors in mmaps that return to the OS when freed.
-    _LIBC.mallopt(-3, 4 * 2**20)
-
-
 def release_memory() -> None:
-    """Collect cycles and hand freed heap pages back to the OS (glibc's malloc_trim)."""
+    """Collect cycles and hand freed heap pages back to the OS (glibc's malloc_trim) between steps."""
     gc.collect()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    trim_heap()
 
 
 def rss_mb() -> float:
