@@ -28,7 +28,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     jitter = rng.uniform(0.0, 2.0)
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
-    spec = child_spec(out, script, level, samples, args)
+    spec = child_spec(out, script, level, samples, args, stalls=args.stalls)
     t0 = time.monotonic()
     proc = start_child(spec, out / "child.log")
     mon = TreeMonitor(proc.pid, args.sample_s, str(out / "tmp"))
