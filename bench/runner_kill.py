@@ -12,9 +12,10 @@ import signal
 import time
 from pathlib import Path
 
-from runner import child_spec, samples_for, start_child, write_script
+from runner import child_spec, start_child
 from runner_figures import emit
 from runner_probe import TreeMonitor, cgroups_snapshot, check_run, store_count
+from runner_workload import samples_for, write_script
 from uniagent.tasks.base import Task
 from uniagent.tokens import ChatCodec
 

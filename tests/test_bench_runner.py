@@ -151,6 +151,20 @@ def test_an_unresolved_episode_voids_the_figures_and_fails_the_exit(monkeypatch,
     assert pick(lines, "ok")[0]["value"] is False
 
 
+@needs_bwrap
+def test_kill_resume_at_a_tiny_size_stores_every_pair_once(monkeypatch, capsys):
+    # Two waves of two 5-second episodes: the kill lands in the second whatever the seeded jitter.
+    argv = ("--kill-resume", "--no-peer", "--levels", "2", "--samples-per-level", "2", "--delay", "0.5")
+    rc = run_main(monkeypatch, *argv, "--survivor-wait", "5")
+    lines = lines_of(capsys.readouterr().out)
+    (report,) = pick(lines, "kill_resume")
+    assert rc == 0, report
+    value = report["value"]
+    assert value["killed"] and value["stored_after_resume"] == value["episodes"] == 4
+    assert value["duplicates"] == value["missing"] == value["unresolved"] == 0
+    assert not value["bwrap_survivors"]
+
+
 def test_gate_voids_ratios_and_goals_resting_on_an_unresolved_run(capsys):
     good = {"all_resolved": True, "episodes_per_min": 200.0, "episodes_per_min_with_startup": 150.0}
     bad = {**good, "all_resolved": False}
