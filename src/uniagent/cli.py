@@ -125,12 +125,16 @@ def tasks_show(
 
 @app.command()
 def verify(
-    tasks: str = typer.Option(..., "--tasks", help="builtin:starter or a task file (JSONL, JSON, parquet)"),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="builtin:starter, harbor:DIR or a task file (JSONL, JSON, parquet)"
+    ),
     predictions: Path | None = typer.Option(
         None, help="SWE-bench predictions JSONL (instance_id, model_patch)"
     ),
     output: Path = typer.Option(Path("verify_out"), help="where report.json goes"),
-    gold: bool = typer.Option(False, "--gold", help="grade the rows' own gold patches"),
+    gold: bool = typer.Option(
+        False, "--gold", help="grade the rows' own gold patches (Harbor: solution/solve.sh)"
+    ),
     concurrency: int = typer.Option(4, min=1, help="sandboxes at once"),
     sandbox: str = typer.Option(
         "local", help=f"sandbox type for rows without an image: {' | '.join(BACKENDS)}"
@@ -145,6 +149,7 @@ def verify(
     from uniagent.config import set_dotted
     from uniagent.sandbox.config import parse_config
     from uniagent.tasks import load_tasks
+    from uniagent.tasks.harbor import HarborTask
     from uniagent.tasks.swe import SweTask
     from uniagent.tasks.verify import load_predictions
     from uniagent.tasks.verify import verify as run_verify
@@ -152,9 +157,9 @@ def verify(
     if gold == (predictions is not None):
         raise UniAgentError("give either --predictions FILE or --gold")
     loaded = load_tasks(tasks)
-    swe = [t for t in loaded if isinstance(t, SweTask)]
+    swe = [t for t in loaded if isinstance(t, SweTask | HarborTask)]
     if not swe:
-        raise UniAgentError(f"{tasks} has no SWE-style tasks to verify")
+        raise UniAgentError(f"{tasks} has no SWE-style or Harbor tasks to verify")
     settings: dict[str, Any] = {"sandbox": {"type": sandbox}}
     for item in set_:
         key, sep, raw = item.partition("=")
