@@ -118,7 +118,7 @@ def test_task_settings_map_onto_the_sandbox(tmp_path: Path) -> None:
     assert {"/tests", "/logs"} <= set(local.tmpfs) and local.env == {"PYTHONDONTWRITEBYTECODE": "1"}
     box = task.sandbox_config({"type": "container", "runtime": "podman", "limits": {"pids": 64}})
     assert (box.image, box.runtime, box.limits.pids, box.limits.memory_mb) == (
-        "uniagent-harbor-base",
+        "localhost/uniagent-harbor-base:latest",
         "podman",
         64,
         1024,
@@ -235,7 +235,7 @@ def test_rl_smoke_step_on_a_harbor_task(tmp_path: Path) -> None:
         "train", "--engine", "local", "--config", "configs/train_multiturn.yaml",
         "--set", f"tasks.spec=harbor:{SUITE / 'fix-greeting'}", "--set", f"trainer.output={out}",
         "--set", "trainer.steps=1", "--set", "trainer.group_size=2", "--set", "trainer.tasks_per_step=1",
-        "--set", "trainer.save_every=0", "--set", "model.max_tokens=16", "--set", "agent.max_turns=2",
+        "--set", "trainer.save_every=0", "--set", "model.max_tokens=8", "--set", "agent.max_turns=1",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output[-3000:] + repr(result.exception)

@@ -6,6 +6,7 @@ pid=$!
 got=""
 for _ in $(seq 50); do
   got=$(python3 /tests/fetch.py "$SERVICE_PORT" 2>/dev/null) && break
+  kill -0 $pid 2>/dev/null || break  # the service exited: it will not answer
   sleep 0.1
 done
 kill $pid 2>/dev/null
