@@ -86,15 +86,14 @@ app.add_typer(tasks_app, name="tasks")
 @tasks_app.command("list")
 def tasks_list() -> None:
     """List the bundled suites (use them as `--tasks builtin:NAME`)."""
-    from uniagent.tasks.loading import load_rows
-    from uniagent.tasks.registry import SUITES
+    from uniagent.tasks.registry import SUITES, read_rows
 
     table = Table(title="bundled task suites")
     for col in ("suite", "family", "tasks", "description"):
         table.add_column(col)
     for name, entry in SUITES.items():
         suite = SUITES.load(name)
-        n = len(load_rows(suite.path)) if suite.path.exists() else 0
+        n = len(read_rows(suite.path, suite.family)) if suite.path.exists() else 0
         table.add_row(f"builtin:{name}", suite.family, str(n), entry.help)
     console.print(table)
 
@@ -118,7 +117,7 @@ def tasks_show(
     for col in ("instance_id", "family", "summary"):
         table.add_column(col)
     for t in tasks:
-        text = str(t.row.get("problem_statement") or t.row.get("question") or "")
+        text = str(t.row.get("problem_statement") or t.row.get("question") or t.row.get("task") or "")
         table.add_row(t.instance_id, t.family, " ".join(text.split())[:90])
     console.print(table)
 

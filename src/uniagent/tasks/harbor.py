@@ -107,6 +107,9 @@ class HarborTask(Task):
         if not path.is_absolute() and source:
             path = Path(source).parent / path
         self.spec: HarborDir = read_task_dir(path)
+        # what a harness agent (mini-swe-agent, claude-code, codex) is asked: the instruction
+        # alone, without PROMPT's words about the ReAct loop's tools
+        self.row = {**row, "task": self.spec.instruction.strip()}
         if not self.instance_id:
             self.instance_id = path.name
 
