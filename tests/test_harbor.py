@@ -137,8 +137,11 @@ def test_task_settings_map_onto_the_sandbox(tmp_path: Path) -> None:
     built = make_task(tmp_path / "b", 'version = "1.0"\n')
     (built / "environment" / "Dockerfile").write_text("FROM base\nRUN make\n")
     [needs_build] = load_tasks(f"harbor:{built}")
-    with pytest.raises(ConfigError, match=r"must be built .*environment\.docker_image"):
-        needs_build.sandbox_config(None)
+    box = needs_build.sandbox_config(None)  # a Dockerfile to build: a container, built once
+    assert box.build == str(built / "environment") and box.image.startswith("localhost/uniagent-harbor-b:")
+    assert box.build_timeout_s == 600 and needs_build._copies() == [], "the build places the files"
+    with pytest.raises(ConfigError, match=r"must be built .* the modal backend cannot"):
+        needs_build.sandbox_config({"type": "modal"})
     (built / "task.toml").write_text('version = "1.0"\n[environment]\ndocker_image = "img:1"\n')
     [prebuilt] = load_tasks(f"harbor:{built}")
     assert prebuilt.sandbox_config(None).image == "img:1", "an image's task leaves bubblewrap for a container"

@@ -1,8 +1,9 @@
 """Harbor tasks in containers, docker and podman: the bundled tasks' Dockerfiles start FROM a base
 image built here from this machine's own binaries (the container tests' rootfs, nothing pulled);
 their COPY'd files are placed at setup. One task (the file edit, which needs only the base tools)
-per runtime: `uniagent verify --gold` resolves it, and `uniagent run` with a scripted model
-resolves the oracle sample and not the empty one. Under CI=true the session fails when neither
+per runtime: `uniagent run` with a scripted model resolves the oracle sample and not the empty
+one; a task whose Dockerfile has RUN steps is built from its environment/ and `uniagent verify
+--gold` resolves it. Under CI=true the session fails when neither
 runtime could run (`require_one_of`)."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def uniagent(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, env=os.environ)
 
 
-def test_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, codec: ChatCodec) -> None:
+def test_run_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, codec: ChatCodec) -> None:
     box = [
         "--sandbox",
         "container",
@@ -59,11 +60,6 @@ def test_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, codec: C
         "--set",
         "sandbox.pull=never",
     ]
-    proc = uniagent("verify", "--tasks", f"harbor:{TASK}", "--gold", "--output", str(tmp_path / "v"), *box)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "v" / "report.json").read_text())
-    assert report["resolved_ids"] == ["fix-greeting"], report["instances"]
-
     [task] = load_tasks(f"harbor:{TASK}")
     assert isinstance(task, HarborTask) and task.spec.solution is not None
     solve = f"cat > /tmp/solve.sh <<'UA_EOF'\n{task.spec.solution.read_text()}UA_EOF\nbash /tmp/solve.sh"
@@ -83,3 +79,45 @@ def test_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, codec: C
     assert results[1]["reward"] == 0.0 and results[1]["exit_reason"] == "finished"
     leftover = runtime.run("ps", "-a", "-q", "--filter", f"ancestor={BASE}").stdout.strip()
     assert leftover == "", "every container of the run is gone"
+
+
+def test_a_dockerfile_to_build_is_built_once_and_graded(runtime: Runtime, tmp_path: Path) -> None:
+    """A Dockerfile with RUN: the container backend builds the task's image from environment/
+    (FROM the local base, nothing pulled), then the task runs in it."""
+    task = tmp_path / "tasks" / "built-env"
+    (task / "environment").mkdir(parents=True)
+    (task / "task.toml").write_text('version = "1.0"\n[environment]\nbuild_timeout_sec = 300\n')
+    (task / "instruction.md").write_text("Append a line `done` to note.txt.\n")
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {BASE}\nRUN mkdir -p /app && echo built > /app/marker.txt\nWORKDIR /app\nCOPY note.txt /app/\n"
+    )
+    (task / "environment" / "note.txt").write_text("start\n")
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text(
+        'ok=0; [ "$(cat /app/marker.txt)" = built ] && grep -qx done /app/note.txt && ok=1\n'
+        "echo $ok > /logs/verifier/reward.txt\n"
+    )
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("echo done >> /app/note.txt\n")
+    [loaded] = load_tasks(f"harbor:{task}")
+    image = loaded.sandbox_config({"type": "container"}).image
+    box = [
+        "--sandbox",
+        "container",
+        "--set",
+        f"sandbox.runtime={runtime.name}",
+        "--set",
+        "sandbox.pull=never",
+    ]
+    try:
+        proc = uniagent(
+            "verify", "--tasks", f"harbor:{task.parent}", "--gold", "--output", str(tmp_path / "v"), *box
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads((tmp_path / "v" / "report.json").read_text())
+        assert report["resolved_ids"] == ["built-env"], report["instances"]
+        assert runtime.run("image", "inspect", image).returncode == 0, (
+            "the built image is kept for the next run"
+        )
+    finally:
+        runtime.run("rmi", "-f", image)

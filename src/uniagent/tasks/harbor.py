@@ -4,10 +4,11 @@ by any agent, graded by the task's own verifier as Harbor grades it.
 The task directory is read and validated by `harbor_config` (`--tasks harbor:DIR`, one task or a
 folder of them). An episode:
 
-- sandbox: where the environment can be had without building an image (see `sandbox_config`):
-  the bubblewrap sandbox when the Dockerfile only places files (FROM, WORKDIR, COPY/ADD of the
-  environment's own files, ENV), else a container of `environment.docker_image`, or of the
-  Dockerfile's FROM image when the Dockerfile only places files. `cpus`, `memory_mb` and
+- sandbox (`sandbox_config`): the bubblewrap sandbox when the Dockerfile only places files
+  (FROM, WORKDIR, COPY/ADD of the environment's own files, ENV) and the run's sandbox is local;
+  else a container of `environment.docker_image`, or of the Dockerfile's FROM image when the
+  Dockerfile only places files, or of an image built from environment/ (docker/podman `build`,
+  once, named by the directory's content). `cpus`, `memory_mb` and
   `allow_internet` become the sandbox's limits and network; `agent.timeout_sec` bounds the agent
   (`agent.wall_time_s`) and `verifier.timeout_sec` the tests;
 - setup: the Dockerfile's COPY/ADD files placed in the sandbox, nothing else (the tests and the
@@ -24,9 +25,11 @@ folder of them). An episode:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import posixpath
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,19 +122,30 @@ class HarborTask(Task):
         df = self.spec.dockerfile
         return df.workdir if df else str(self.row.get("workdir") or "/app")
 
-    def _image(self) -> str | None:
-        """The image a container runs: the task's prebuilt one, or the Dockerfile's FROM image
-        when the Dockerfile only places files (copied at setup); None: a build is needed."""
+    def _image(self) -> tuple[str, dict[str, Any]]:
+        """The image a container runs, and the container settings that make it: the task's
+        prebuilt one; the Dockerfile's FROM image when the Dockerfile only places files (copied
+        at setup); else an image built from environment/ when missing, named by its content."""
         df = self.spec.dockerfile
-        if self.spec.config.environment.docker_image:
-            return self.spec.config.environment.docker_image
-        return df.base if df is not None and df.plain else None
+        env = self.spec.config.environment
+        if env.docker_image:
+            return env.docker_image, {}
+        assert df is not None, "read_task_dir: a task without docker_image has a Dockerfile"
+        if df.plain:
+            return df.base, {}
+        env_dir = self.spec.path / "environment"
+        digest = hashlib.sha256()
+        for f in sorted(p for p in env_dir.rglob("*") if p.is_file()):
+            digest.update(f"{f.relative_to(env_dir)}\0".encode() + f.read_bytes() + b"\0")
+        slug = re.sub(r"[^a-z0-9_.-]+", "-", self.spec.name.lower()).strip("-.") or "task"
+        image = f"localhost/uniagent-harbor-{slug}:{digest.hexdigest()[:12]}"
+        return image, {"build": str(env_dir), "build_timeout_s": env.build_timeout_sec}
 
     def _copies(self) -> list[tuple[Path, str]]:
         """(host source, sandbox destination) of the Dockerfile's COPY/ADD, placed at setup
-        (none when a prebuilt `docker_image` already holds them)."""
+        (none when an image, prebuilt or built from the Dockerfile, already holds them)."""
         df = self.spec.dockerfile
-        if df is None or self.spec.config.environment.docker_image:
+        if df is None or not df.plain or self.spec.config.environment.docker_image:
             return []
         env_dir = self.spec.path / "environment"
         out = []
@@ -180,16 +194,17 @@ class HarborTask(Task):
                 )
             fields["tmpfs"] = sorted({*getattr(cfg, "tmpfs", []), *PRIVATE_DIRS})
             return retarget(cfg, "local", **fields)
-        image = self._image()
-        if image is None:
-            why = "; ".join(df.other[:2]) if df else ""
-            raise ConfigError(
-                f"{where}: its Dockerfile must be built ({why}): build it (docker build -t NAME "
-                "environment/) and set environment.docker_image = NAME in task.toml"
-            )
+        image, build = self._image()
         target = kind if backend(kind).images else "container"
+        if target != "container" and build:
+            raise ConfigError(
+                f"{where}: its Dockerfile must be built ({'; '.join(df.other[:2]) if df else ''}), "
+                f"which the {target} backend cannot do here: run it with --sandbox container, or "
+                "build it and set environment.docker_image"
+            )
         if target == "modal" and users:
             raise ConfigError(f"{where}: agent.user/verifier.user: not supported on modal")
+        fields.update(build)
         if "network" not in backend(target).config_class().model_fields and not fields.pop("network"):
             raise ConfigError(f"{where}: allow_internet = false: the {target} backend cannot cut the network")
         return retarget(cfg, target, image=image, **fields)
