@@ -30,6 +30,7 @@ from uniagent.tokens import ChatCodec
 CLI = [sys.executable, "-m", "uniagent.cli"]
 SUITE = BUILTIN / "harbor"
 IDS = ["configure-service", "fix-fizzbuzz", "fix-greeting"]
+MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 def uniagent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -223,6 +224,32 @@ def test_run_oracle_resolves_every_task_and_empty_none(tmp_path: Path, codec: Ch
         "starts": 0.0,
         "answers": 0.0,
     }
+
+
+@needs_bwrap
+async def test_mini_swe_agent_acts_on_a_harbor_task(codec: ChatCodec) -> None:
+    """A harness agent on a Harbor task: real mini-swe-agent, scripted turns (the oracle's fix,
+    then its submit), graded by the task's test.sh in the sandbox it left."""
+    from uniagent.agent.base import open_agent
+    from uniagent.models.base import Generation, SamplingParams
+    from uniagent.models.replay import ReplayEngine, ReplayRecord
+    from uniagent.models.token_chat import TokenChatModel
+    from uniagent.parsers import get_parser
+    from uniagent.tasks import run_episode
+
+    [task] = load_tasks("builtin:harbor", ids=["fix-greeting"])
+    texts = [call("bash", command="sed -i s/wrold/world/ greeting.txt"), call("bash", command=MINI_SUBMIT)]
+    records = [
+        ReplayRecord("h#0", Generation(ids, [-0.25] * len(ids), "stop"), turn, None, "0" * 64)
+        for turn, ids in enumerate(codec.encode(t) + codec.eot_ids for t in texts)
+    ]
+    engine = ReplayEngine(records, match="request", strict=False)
+    model = TokenChatModel(engine, codec, get_parser("hermes"), SamplingParams(max_tokens=512), "h#0")
+    async with open_agent("mini-swe-agent", engine, codec) as agent:
+        result = await run_episode(task, model, AgentConfig(max_turns=4), agent=agent)
+    assert result.exit_reason.value == "finished", result.error
+    assert result.reward is not None and result.reward.value == 1.0, result.reward
+    assert result.metrics["agent_kind"] == "mini-swe-agent" and result.metrics["graded_in"] == "same"
 
 
 @needs_bwrap
