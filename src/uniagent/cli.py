@@ -100,7 +100,7 @@ def tasks_list() -> None:
 
 @tasks_app.command("show")
 def tasks_show(
-    suite: str = typer.Argument(..., help="builtin:NAME or a task file"),
+    suite: str = typer.Argument(..., help="builtin:NAME, harbor:DIR or a task file"),
     instance: str | None = typer.Argument(None, help="one instance id: show its full row"),
 ) -> None:
     """List a suite's tasks, or show one task."""
@@ -185,7 +185,7 @@ def verify(
 
 @app.command()
 def run(
-    tasks: str | None = typer.Option(None, help="builtin:starter, builtin:search or a task file"),
+    tasks: str | None = typer.Option(None, help="builtin:NAME, harbor:DIR or a task file"),
     model: str | None = typer.Option(None, help=f"model spec: {kinds_help()}"),
     sandbox: str | None = typer.Option(None, help=BACKENDS.choices()),
     concurrency: int | None = typer.Option(None, min=1, help="episodes at once"),
