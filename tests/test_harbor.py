@@ -135,6 +135,10 @@ def test_task_settings_map_onto_the_sandbox(tmp_path: Path) -> None:
     assert user.sandbox_config({"type": "container", "network": False}).network is False, (
         "the user's off wins"
     )
+    rootdir = make_task(tmp_path / "r", 'version = "1.0"\n')
+    (rootdir / "environment" / "Dockerfile").write_text("FROM base\n")
+    with pytest.raises(ConfigError, match="sets no WORKDIR"):
+        load_tasks(f"harbor:{rootdir}")[0].sandbox_config(None)
     built = make_task(tmp_path / "b", 'version = "1.0"\n')
     (built / "environment" / "Dockerfile").write_text("FROM base\nRUN make\n")
     [needs_build] = load_tasks(f"harbor:{built}")

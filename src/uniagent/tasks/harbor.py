@@ -25,6 +25,7 @@ folder of them). An episode:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -134,12 +135,18 @@ class HarborTask(Task):
         if df.plain:
             return df.base, {}
         env_dir = self.spec.path / "environment"
+        return self._built_image, {"build": str(env_dir), "build_timeout_s": env.build_timeout_sec}
+
+    @functools.cached_property
+    def _built_image(self) -> str:
+        """The name of the image built from environment/: the task's name and a digest of the
+        directory's files (a changed environment is a new image; an unchanged one is reused)."""
+        env_dir = self.spec.path / "environment"
         digest = hashlib.sha256()
         for f in sorted(p for p in env_dir.rglob("*") if p.is_file()):
             digest.update(f"{f.relative_to(env_dir)}\0".encode() + f.read_bytes() + b"\0")
         slug = re.sub(r"[^a-z0-9_.-]+", "-", self.spec.name.lower()).strip("-.") or "task"
-        image = f"localhost/uniagent-harbor-{slug}:{digest.hexdigest()[:12]}"
-        return image, {"build": str(env_dir), "build_timeout_s": env.build_timeout_sec}
+        return f"localhost/uniagent-harbor-{slug}:{digest.hexdigest()[:12]}"
 
     def _copies(self) -> list[tuple[Path, str]]:
         """(host source, sandbox destination) of the Dockerfile's COPY/ADD, placed at setup
@@ -183,6 +190,11 @@ class HarborTask(Task):
                 raise ConfigError(
                     f"{where}: agent.user/verifier.user {users[0]!r}: the local sandbox runs every "
                     "command as one user; run it with --sandbox container"
+                )
+            if self.workdir == "/":
+                raise ConfigError(
+                    f"{where}: its Dockerfile sets no WORKDIR; the local sandbox needs one to bind "
+                    "its workspace at: add one, or use --sandbox container"
                 )
             outside = [
                 d for _, d in self._copies() if not (d + "/").startswith(self.workdir.rstrip("/") + "/")
