@@ -20,7 +20,7 @@ import pytest
 
 from agent_helpers import call
 from conftest import require, require_one_of
-from container_helpers import Runtime, build_rootfs_tar, import_image, open_runtime
+from container_helpers import TOOLS, Runtime, build_rootfs_tar, import_image, open_runtime
 from run_helpers import write_turns
 from uniagent.tasks import load_tasks
 from uniagent.tasks.harbor import HarborTask
@@ -41,7 +41,7 @@ def _missing(runtime: str, why: str) -> None:
 def runtime(request: pytest.FixtureRequest) -> Iterator[Runtime]:
     require("ldd", shutil.which("ldd") is not None, "it assembles the base image from host binaries")
     with open_runtime(request.param, _missing) as rt:
-        import_image(rt, build_rootfs_tar(), BASE, _missing)
+        import_image(rt, build_rootfs_tar([*TOOLS, "setpriv", "chown"]), BASE, _missing)
         require_one_of(RUNTIMES, rt.name, True, "")
         yield rt
         rt.run("rmi", "-f", BASE)
@@ -83,18 +83,23 @@ def test_run_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, code
 
 def test_a_dockerfile_to_build_is_built_once_and_graded(runtime: Runtime, tmp_path: Path) -> None:
     """A Dockerfile with RUN: the container backend builds the task's image from environment/
-    (FROM the local base, nothing pulled), then the task runs in it."""
+    (FROM the local base, nothing pulled), then the task runs in it, its test.sh as
+    `verifier.user`."""
     task = tmp_path / "tasks" / "built-env"
     (task / "environment").mkdir(parents=True)
-    (task / "task.toml").write_text('version = "1.0"\n[environment]\nbuild_timeout_sec = 300\n')
+    toml = 'schema_version = "1.1"\n[verifier]\nuser = "tester"\n[environment]\nbuild_timeout_sec = 300\n'
+    (task / "task.toml").write_text(toml)
     (task / "instruction.md").write_text("Append a line `done` to note.txt.\n")
     (task / "environment" / "Dockerfile").write_text(
-        f"FROM {BASE}\nRUN mkdir -p /app && echo built > /app/marker.txt\nWORKDIR /app\nCOPY note.txt /app/\n"
+        f"FROM {BASE}\nRUN mkdir -p /app && echo built > /app/marker.txt\n"
+        "RUN echo tester:x:1000:1000::/tmp:/bin/bash >> /etc/passwd && echo tester:x:1000: >> /etc/group\n"
+        "WORKDIR /app\nCOPY note.txt /app/\n"
     )
     (task / "environment" / "note.txt").write_text("start\n")
     (task / "tests").mkdir()
     (task / "tests" / "test.sh").write_text(
         'ok=0; [ "$(cat /app/marker.txt)" = built ] && grep -qx done /app/note.txt && ok=1\n'
+        '[ "$(id -u)" = 1000 ] || ok=0  # verifier.user\n'
         "echo $ok > /logs/verifier/reward.txt\n"
     )
     (task / "solution").mkdir()

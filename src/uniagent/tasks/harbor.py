@@ -62,10 +62,15 @@ LOG_TAIL = 4000
 
 
 def as_user(command: str, user: str | None) -> str:
-    """`command` run as `user` (Harbor's `agent.user` / `verifier.user`); None: as is."""
+    """`command` run as `user` (Harbor's `agent.user` / `verifier.user`; None: as is), with
+    util-linux's `setpriv` (no PAM needed), else `su`."""
     if not user:
         return command
-    return f"su -s /bin/bash {quote(user)} -c {quote(command)}"
+    u, c = quote(user), quote(command)
+    return (
+        f"if command -v setpriv >/dev/null; then setpriv --reuid={u} --regid=$(id -g {u}) "
+        f"--init-groups bash -c {c}; else su -s /bin/bash {u} -c {c}; fi"
+    )
 
 
 def parse_reward(txt: str | None, js: str | None) -> tuple[float, dict[str, float]]:
