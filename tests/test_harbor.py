@@ -73,7 +73,8 @@ def test_the_bundled_suite_reads_both_schema_versions() -> None:
 @pytest.mark.parametrize(
     ("toml", "extra", "message"),
     [
-        ('version = "1.0"\n[agent]\ntimeout = 3\n', {}, "agent.timeout: Extra inputs"),
+        ('version = "1.0"\n[agent]\ntimeout_sec = -3\n', {}, "agent.timeout_sec: Input should be greater"),
+        ('version = "1.0"\n[environment.healthcheck]\ncommand = "true"\n', {}, "health check"),
         ('version = "1.0"\n[environment]\ngpus = 1\n', {}, "gpus = 1: no sandbox backend"),
         ('version = "1.0"\nschema_version = "1.1"\n', {}, "not both"),
         ('version = "1.0"\n[environment]\nmemory = "lots"\n', {}, "not a size"),
@@ -87,6 +88,13 @@ def test_a_malformed_task_is_a_one_line_error(tmp_path: Path, toml: str, extra: 
     with pytest.raises(ConfigError, match=message) as err:
         read_task_dir(task)
     assert "\n" not in str(err.value)
+
+
+def test_unknown_keys_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    task = make_task(tmp_path / "t", 'version = "1.0"\nnewer = 1\n[agent]\ntimeout = 3\n')
+    spec = read_task_dir(task)
+    assert spec.config.agent.timeout_sec == 600 and spec.config.unknown_keys() == ["newer", "agent.timeout"]
+    assert "ignoring keys this reader does not know: newer, agent.timeout" in caplog.text
 
 
 def test_no_test_sh_and_no_task_are_errors(tmp_path: Path) -> None:

@@ -11,14 +11,17 @@ are Harbor's. Two schema versions exist:
 - current (`schema_version = "1.x"`): a `[task]` table (name, description, authors, keywords),
   `user` for the agent and the verifier, `[solution] env`, `[environment] os`.
 
-Sections Harbor defines field by field are strict here (`extra="forbid"`: a misspelt key is a
-one-line error naming it, rather than a default silently used); `[metadata]` is free-form, as in
-Harbor. Settings uniagent cannot honour (GPUs, TPUs, MCP servers, Windows, several steps) are
-refused when the task is loaded, never ignored.
+Harbor's own models ignore keys they do not know (newer task formats add some), so these do too,
+with a warning naming each (`TaskToml.unknown_keys`): a misspelt key is said, not silently used
+as a default, and a task written for a newer Harbor still loads. Values are strict (types,
+bounds, one schema version), and `[metadata]` is free-form, as in Harbor. Settings uniagent
+cannot honour (GPUs, TPUs, MCP servers, Windows, several steps, a health check, a separate
+verifier environment) are refused when the task is loaded, never ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import tomllib
@@ -31,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from uniagent.config import first_error
 from uniagent.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 TESTS_DIR = "/tests"
 SOLUTION_DIR = "/solution"
 LOGS_DIR = "/logs"
@@ -41,7 +46,9 @@ COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "c
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A section of task.toml: its fields typed; keys it does not know kept in `model_extra`."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def _size_mb(value: Any) -> int:
@@ -130,8 +137,21 @@ class TaskToml(_Strict):
     def schema(self) -> str:
         return "current" if self.schema_version is not None or self.task is not None else "legacy"
 
+    def unknown_keys(self) -> list[str]:
+        """Dotted keys of task.toml that no field here reads (metadata aside)."""
+        out = [str(k) for k in self.model_extra or {}]
+        for name in ("task", "verifier", "agent", "solution", "environment"):
+            section = getattr(self, name)
+            if section is not None:
+                out += [f"{name}.{k}" for k in section.model_extra or {}]
+        return out
+
     def unsupported(self) -> str | None:
         """Why uniagent cannot run this task as Harbor would, or None."""
+        unknown = self.unknown_keys()
+        for key in REFUSED_KEYS:
+            if key in unknown:
+                return f"{key}: {REFUSED_KEYS[key]}"
         env = self.environment
         if env.os.lower() != "linux":
             return f"environment.os = {env.os!r}: only linux tasks run here"
@@ -144,6 +164,15 @@ class TaskToml(_Strict):
         if env.skills_dir:
             return "environment.skills_dir: agent skills are not supported"
         return None
+
+
+REFUSED_KEYS = {
+    "steps": "multi-step Harbor tasks are not supported",
+    "environment.healthcheck": "a health check before the agent starts is not supported",
+    "verifier.environment": "a separate verifier environment is not supported (the verifier runs "
+    "in the agent's sandbox)",
+}
+"""Keys newer Harbor versions read whose meaning uniagent cannot give: refused, not ignored."""
 
 
 @dataclass
@@ -251,6 +280,9 @@ def read_task_dir(path: Path) -> HarborDir:
     if not toml_path.is_file():
         raise ConfigError(f"{path}: not a Harbor task (no task.toml)")
     config = read_toml(toml_path)
+    unknown = [k for k in config.unknown_keys() if k not in REFUSED_KEYS]
+    if unknown:
+        log.warning("%s: ignoring keys this reader does not know: %s", toml_path, ", ".join(unknown))
     why = config.unsupported()
     if why:
         raise ConfigError(f"{toml_path}: {why}")
