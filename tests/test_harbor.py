@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -288,4 +287,6 @@ def test_rl_smoke_step_on_a_harbor_task(tmp_path: Path) -> None:
 def test_bundled_files_are_packaged() -> None:
     text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert '"harbor/**/*"' in text
-    assert shutil.which("bash")
+    for task in IDS:
+        for script in ("tests/test.sh", "solution/solve.sh"):
+            assert os.access(SUITE / task / script, os.X_OK), f"{task}/{script} is executable"
