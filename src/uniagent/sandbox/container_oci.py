@@ -105,7 +105,10 @@ class OciSandbox(ContainerSandbox):
     async def _prepare_image(self) -> None:
         cfg = self.config
         present = (await self._cli("image", "inspect", cfg.image)).ok
-        if present and cfg.pull != "always":
+        if present and (cfg.pull != "always" or cfg.build):
+            return
+        if cfg.build:
+            await self._build_image()
             return
         if cfg.pull == "never":
             raise SandboxStartError(
@@ -128,6 +131,26 @@ class OciSandbox(ContainerSandbox):
                 if attempt < cfg.start_retries:
                     await asyncio.sleep(min(1.0 * 2**attempt, 10))
         raise SandboxStartError(f"`{self.runtime} pull {cfg.image}` failed: {res.message()}")
+
+    async def _build_image(self) -> None:
+        """`image` built from the `build` directory's Dockerfile, once per image at a time (the
+        pull locks); its base image is pulled only if missing and `pull` allows it."""
+        cfg = self.config
+        assert cfg.build and cfg.image
+        locks = _PULL_LOCKS.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault((self.cli, cfg.image), asyncio.Lock()):
+            if (await self._cli("image", "inspect", cfg.image)).ok:
+                return  # another sandbox built it while we waited
+            pull = (
+                []
+                if self.runtime == "docker"
+                else ["--pull=never" if cfg.pull == "never" else "--pull=missing"]
+            )
+            res = await self._cli("build", *pull, "-t", cfg.image, cfg.build, timeout=cfg.build_timeout_s)
+        if not res.ok:
+            raise SandboxStartError(
+                f"`{self.runtime} build -t {cfg.image} {cfg.build}` failed: {res.message()}"
+            )
 
     def _keeper(self) -> list[str]:
         """PID 1: sleeps in `wait` (which reaps orphans), exits on TERM/INT/HUP, and, with a

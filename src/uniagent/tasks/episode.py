@@ -47,7 +47,7 @@ async def run_episode(
     text-level one keeps no token record) makes an otherwise trainable episode untrainable
     (`metrics.untrainable_reason: text_only_model`, `metrics.text_only_model`), wherever it runs."""
     agent = agent or REACT
-    config = config or AgentConfig()
+    config = task.agent_config(config or AgentConfig())
     grade_cfg = sandbox  # a grading sandbox is the task's, without what the agent binds in
     metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": agent.name}
     t0 = time.perf_counter()
