@@ -159,6 +159,13 @@ def test_task_settings_map_onto_the_sandbox(tmp_path: Path) -> None:
     assert prebuilt.sandbox_config(None).image == "img:1", "an image's task leaves bubblewrap for a container"
 
 
+def test_an_agent_on_a_task_with_agent_user_is_refused_not_run_as_another_user(tmp_path: Path) -> None:
+    toml = 'schema_version = "1.1"\n[agent]\nuser = "dev"\n'
+    [task] = load_tasks(f"harbor:{make_task(tmp_path / 'u', toml)}")
+    with pytest.raises(ConfigError, match=r"agent\.user 'dev': uniagent's agents run their commands"):
+        task.agent_config(AgentConfig())
+
+
 def test_reward_files() -> None:
     assert parse_reward("1\n", None) == (1.0, {"reward": 1.0})
     assert parse_reward(None, '{"reward": 0.5, "style": 1}') == (0.5, {"reward": 0.5, "style": 1.0})

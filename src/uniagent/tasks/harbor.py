@@ -228,8 +228,15 @@ class HarborTask(Task):
 
     def agent_config(self, config: AgentConfig) -> AgentConfig:
         """The task's agent and verifier timeouts on top of the run's (the shorter agent time
-        wins; the verifier gets at least the task's time plus room for the upload)."""
+        wins; the verifier gets at least the task's time plus room for the upload). `agent.user`
+        is refused here: the agents run their commands as the sandbox's user, and running them as
+        another silently would grade a different environment (`verify --gold` honours it)."""
         t = self.spec.config
+        if t.agent.user:
+            raise ConfigError(
+                f"{self.instance_id}: agent.user {t.agent.user!r}: uniagent's agents run their "
+                "commands as the sandbox's user; remove it to run agents (verify --gold honours it)"
+            )
         wall = min(config.wall_time_s or math.inf, t.agent.timeout_sec)
         verifier = max(config.verifier_timeout_s, t.verifier.timeout_sec + 60)
         return config.model_copy(update={"wall_time_s": wall, "verifier_timeout_s": verifier})
