@@ -1,0 +1,150 @@
+"""Stateful and special templates on the real tokenizers: exact continuations, template kinds,
+turn ends by content, refused roles, past reasoning and JSON-literal tool arguments."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from conftest import SHARED_TEMPLATES, require
+from real_tokenizers import folder
+from tokens_sim import TOOLS
+from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
+from uniagent.tokens.template_kind import classify_template
+
+GPT_OSS = "openai-gpt-oss-120b"
+
+
+@functools.cache
+def tokenizer(family: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder(family))
+
+
+def template(name: str) -> str:
+    path = SHARED_TEMPLATES / f"{name}.jinja"
+    require("the shared chat templates", path.is_file(), f"{path} is missing")
+    return path.read_text()
+
+
+@functools.cache
+def codec(family: str, name: str = "own", **kwargs: Any) -> ChatCodec:
+    tok = tokenizer(family)
+    return ChatCodec(tok, None if name == "own" else template(name), kwargs or None)
+
+
+def tool_episode(n: int, arguments: str = "dict", content: str | None = "", final: bool = True) -> list[dict]:
+    """system, user, n x (assistant calling a tool, tool result)[, final answer]."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs."},
+        {"role": "user", "content": "Fix the failing test in repo/ please."},
+    ]
+    for i in range(n):
+        args: Any = {"command": f"ls -la dir{i}"}
+        call = {"id": f"call{i:05d}", "type": "function", "function": {"name": "bash", "arguments": args}}
+        if arguments == "string":
+            call["function"]["arguments"] = json.dumps(args)
+        msgs.append({"role": "assistant", "content": content, "tool_calls": [call]})
+        msgs.append({"role": "tool", "content": f"file_{i}.py\nREADME.md", "tool_call_id": call["id"]})
+    if final:
+        msgs.append({"role": "assistant", "content": "Done: the bug is fixed."})
+    return msgs
+
+
+def run_episode(c: ChatCodec, messages: list[dict], tools=None) -> tuple[TokenConversation, list[Trajectory]]:
+    """The ReAct loop's bookkeeping, the 'model' emitting the template's own text for each turn
+    (up to and including its first stop token) where the prompt is a prefix of the render."""
+    conv = TokenConversation(c)
+    stops = set(c.stop_token_ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        plan = conv.plan(messages[:i], tools)
+        full = c.encode(c.render(messages[: i + 1], tools, add_generation_prompt=False))
+        if full[: len(plan.prompt_ids)] == plan.prompt_ids:
+            rest = full[len(plan.prompt_ids) :]
+            gen = rest[: next(k for k, t in enumerate(rest) if t in stops) + 1]
+        else:  # a rewriting template shows this history differently: the model says its content
+            assert c.kind.kind == "rewriting", f"prompt before message {i} is off-template"
+            gen = c.encode(message["content"]) + c.eot_ids
+        conv.add_reply(conv.commit(plan, gen, [-0.5] * len(gen)), message)
+    return conv, conv.finish()
+
+
+def own_render(c: ChatCodec, messages: list[dict], tools=None) -> list[int]:
+    """The template's own tokenization (`apply_chat_template(tokenize=True)`), no codec involved."""
+    out = c.tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=c.chat_template, tokenize=True, add_generation_prompt=False
+    )
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+# -- part 2: kinds and exact continuations ------------------------------------------------------
+KINDS = [  # (family, template, kind, stateful): the table in docs/concepts/token-spine.md
+    ("qwen3", "own", "rewriting", False),
+    ("qwen3", "Qwen-Qwen3-0.6B", "rewriting", False),
+    ("qwen3", "Qwen3-Coder", "append_only", False),
+    ("qwen3", "Qwen-Qwen2.5-7B-Instruct", "append_only", False),
+    ("llama3_1", "own", "append_only", False),
+    ("llama3_1", "meta-llama-Llama-3.1-8B-Instruct", "append_only", False),
+    ("deepseek_v3", "own", "stateful", True),
+    ("deepseek_v3", "deepseek-ai-DeepSeek-V3.1", "append_only", False),
+    ("gemma3", "own", "append_only", False),
+    ("gemma3", "google-gemma-2-2b-it", "append_only", False),
+    ("gptoss", GPT_OSS, "rewriting", True),
+]
+
+
+@pytest.mark.parametrize(("family", "name", "kind", "stateful"), KINDS)
+def test_template_kinds_on_real_tokenizers(family, name, kind, stateful):
+    c = codec(family, name)
+    assert (c.kind.kind, c.facts.stateful) == (kind, stateful), c.kind.evidence
+    assert c.kind.evidence
+    direct = classify_template(c.tokenizer, c.chat_template)
+    assert direct == c.kind
+
+
+@pytest.mark.parametrize(
+    ("family", "name", "content", "arguments"),
+    [
+        # its template renders tool calls only for content None, and then writes no end-of-turn
+        # after a conversation's first call: its tool results are what is stateful here
+        ("deepseek_v3", "own", "I will look around.", "string"),
+        ("gptoss", GPT_OSS, "", "dict"),
+        ("gptoss", GPT_OSS, "", "string"),
+    ],
+)
+def test_stateful_episode_is_its_full_render(family, name, content, arguments):
+    c = codec(family, name)
+    assert c.facts.stateful
+    messages = tool_episode(4, arguments, content)
+    conv, (segment,) = run_episode(c, messages, TOOLS)
+    assert segment.token_ids == own_render(c, messages, TOOLS)
+    assert (segment.drift, segment.drift_kind) == (None, None)
+    assert segment.reason == "start" and len(conv.segments) == 1
+
+
+def test_deepseek_v3_renders_the_second_tool_result_after_the_first():
+    """Why the history is needed: alone, a tool result opens the tool outputs again; after the
+    history, DeepSeek-V3's template writes a newline and the output only."""
+    c = codec("deepseek_v3")
+    messages = tool_episode(2, "string", "I will look around.", final=False)
+    opens = c.encode("<｜tool▁outputs▁begin｜>")
+    alone = c.continuation_ids(messages[-1:], TOOLS)
+    held = c.encode(c.render(messages[:-1], TOOLS, add_generation_prompt=False))
+    exact = c.continuation_ids(messages[-1:], TOOLS, history=messages[:-1], held_ids=held)
+    assert alone[: len(opens)] == opens and exact[: len(opens)] != opens
+    assert held + exact == c.encode(c.render(messages, TOOLS))
+
+
+def test_a_rewriting_template_still_drifts_or_splits():
+    """gpt-oss drops the analysis of past tool calls once a final answer exists: exact while the
+    episode runs, drift of kind `template` at the end; with follow_template, a new segment."""
+    c = codec("gptoss", GPT_OSS)
+    messages = tool_episode(2, content="I will look around.")
+    _, (segment,) = run_episode(c, messages, TOOLS)
+    assert segment.drift is not None and segment.drift_kind == "template"
