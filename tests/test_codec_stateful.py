@@ -12,6 +12,7 @@ import pytest
 from conftest import SHARED_TEMPLATES, require
 from real_tokenizers import folder
 from tokens_sim import TOOLS
+from uniagent.errors import TemplateError
 from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
 from uniagent.tokens.template_kind import classify_template
 
@@ -148,3 +149,88 @@ def test_a_rewriting_template_still_drifts_or_splits():
     messages = tool_episode(2, content="I will look around.")
     _, (segment,) = run_episode(c, messages, TOOLS)
     assert segment.drift is not None and segment.drift_kind == "template"
+
+
+# -- part 3: special template behaviours ---------------------------------------------------------
+def test_gpt_oss_ends_a_turn_by_what_it_does():
+    """gpt-oss: `<|call|>` after a tool call, `<|return|>` after a final answer; `<|end|>` closes
+    the analysis message inside a turn (then the call follows), so it is no stop token."""
+    c = codec("gptoss", GPT_OSS)
+    call, ret, end = c.encode("<|call|>"), c.encode("<|return|>"), c.encode("<|end|>")
+    assert c.stop_token_ids == [*ret, *call] and c.eot_ids == end
+    for messages, ends in [
+        (tool_episode(3, content="I will look around.", final=False), [*call * 3]),
+        (tool_episode(2), [*call, *call, *ret]),
+    ]:
+        if messages[-1]["role"] == "tool":
+            messages = messages[:-1]  # end on the model's turn
+        _, (segment,) = run_episode(c, messages, TOOLS)
+        ids, mask = segment.token_ids, [0] * len(segment.prompt_ids) + segment.response_mask
+        last = [ids[k] for k in range(len(ids)) if mask[k] and (k + 1 == len(ids) or not mask[k + 1])]
+        assert last == ends and ids == own_render(c, messages, TOOLS)
+    # a tool-calling turn is one generation holding its analysis message and the `<|end|>` closing it
+    assert "<|channel|>analysis<|message|>I will look around.<|end|><|start|>assistant to=" in c.decode(
+        c.encode(c.render(tool_episode(1, content="I will look around.", final=False)[:3], TOOLS, False))
+    )
+
+
+def test_gemma3_refuses_tool_results_naming_its_rule():
+    c = codec("gemma3")
+    assert not c.renders_tool_role
+    messages = tool_episode(1, final=False)[1:]  # Gemma 3 folds a system prompt into the user turn
+    conv = TokenConversation(c)
+    plan = conv.plan(messages[:1], TOOLS)
+    gen = c.encode("I will look around.") + c.eot_ids
+    conv.add_reply(conv.commit(plan, gen, [0.0] * len(gen)), messages[1])
+    with pytest.raises(TemplateError, match=r"no tool role.*roles must alternate user/assistant"):
+        conv.plan(messages, TOOLS)
+
+
+def qwen3_thinking_episode(queries: int) -> list[dict]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}]
+    for q in range(queries):
+        msgs.append({"role": "user", "content": f"Fix failing test number {q}."})
+        for i, message in enumerate(tool_episode(2)[2:]):
+            if message["role"] == "assistant":
+                message = {**message, "reasoning_content": f"Query {q}, step {i}: the test imports a module."}
+            msgs.append(message)
+    return msgs
+
+
+def test_qwen3_keeps_thinking_within_a_query_and_drops_it_after():
+    """Qwen3's template keeps the reasoning of the turns since the last user message and drops
+    earlier ones: an episode of one query is exact; a second query rewrites the first one's turns,
+    reported as drift of kind `template` (or, with follow_template, a new segment)."""
+    c = codec("qwen3")
+    one = qwen3_thinking_episode(1)
+    _, (segment,) = run_episode(c, one, TOOLS)
+    assert segment.token_ids == own_render(c, one, TOOLS)[: len(segment.token_ids)]
+    assert segment.drift is None and "<think>" in c.decode(segment.token_ids)
+    two = qwen3_thinking_episode(2)
+    _, (segment,) = run_episode(c, two, TOOLS)
+    assert segment.drift_kind == "template"
+    conv = TokenConversation(c, follow_template=True)
+    for i, message in enumerate(two):
+        if message["role"] == "assistant":
+            plan = conv.plan(two[:i], TOOLS)
+            full = c.encode(c.render(two[: i + 1], TOOLS, add_generation_prompt=False))
+            rest = full[len(plan.prompt_ids) :]
+            gen = rest[: rest.index(c.stop_token_ids[0]) + 1]
+            conv.add_reply(conv.commit(plan, gen, [0.0] * len(gen)), message)
+    assert [s.trajectory.reason for s in conv.segments] == ["start", "template"]
+    assert all(t.drift is None for t in conv.finish())
+
+
+@pytest.mark.parametrize("arguments", ["dict", "string"])
+@pytest.mark.parametrize(("family", "name"), [("gptoss", GPT_OSS), ("qwen3", "Qwen-Qwen2.5-7B-Instruct")])
+def test_tool_arguments_render_as_the_template_writes_them(family, name, arguments):
+    """`tojson` of a dict is a JSON object; of a string (arguments already serialised) a JSON string
+    literal: the codec's episode holds exactly the template's bytes, either way."""
+    c = codec(family, name)
+    messages = tool_episode(2, arguments)
+    _, (segment,) = run_episode(c, messages, TOOLS)
+    own = own_render(c, messages, TOOLS)
+    assert segment.token_ids == own[: len(segment.token_ids)] and segment.drift is None
+    literal = json.dumps({"command": "ls -la dir1"})
+    written = literal if arguments == "dict" else json.dumps(literal)
+    assert written in c.decode(segment.token_ids)

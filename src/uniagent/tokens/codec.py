@@ -89,11 +89,16 @@ class ChatCodec:
 
         Templates that end the final turn differently from turns in history (gpt-oss's
         `<|return|>` vs `<|end|>`), or a turn that calls a tool differently (gpt-oss's `<|call|>`),
-        contribute each.
+        contribute each; where the template also writes that end-of-turn inside one turn (gpt-oss
+        closes its analysis message with `<|end|>`, then calls a tool in the same turn), only the
+        turn's own ends stop it (`<|return|>`, `<|call|>`).
         """
-        ids = list(self.facts.eot_ids[-1:])
-        ids += [i for i in (*self.facts.final_eot_ids[:1], *self.facts.call_eot_ids) if i not in ids]
-        return ids
+        facts = self.facts
+        ends = [*facts.final_eot_ids[:1], *facts.call_eot_ids]
+        if facts.eot_inside_turn and facts.final_eot_ids and facts.call_eot_ids:
+            return ends  # the end-of-turn also closes a message inside a turn: not a stop
+        ids = list(facts.eot_ids[-1:])
+        return ids + [i for i in ends if i not in ids]
 
     @property
     def kind(self) -> TemplateKind:
@@ -133,10 +138,11 @@ class ChatCodec:
         Boundary + new messages + generation prompt, rendered after a probe assistant turn so
         that the history is never rendered again. A stateful template (`facts.stateful`) renders a
         message differently after its real history: given `history` (the messages `held_ids`
-        stand for), the whole conversation is rendered and what follows `held_ids` is appended,
-        so the running sequence stays the template's own render. Where the held ids are not a
-        prefix of that render (the template rewrites an earlier turn), the fast path is used and
-        the difference is reported as drift, as for any rewriting template.
+        stand for, ending with the assistant turn just generated), the whole conversation is
+        rendered and what it writes after that turn is appended, so the running sequence stays
+        the template's own render. Where the render does not extend the history's (the template
+        rewrites an earlier turn), the fast path is used and the difference is reported as
+        drift, as for any rewriting template.
         """
         if not new_messages:
             raise TemplateError("continuation needs at least one new message")
@@ -144,7 +150,15 @@ class ChatCodec:
             ids = self._after_held(history, new_messages, tools, held_ids)
             if ids is not None:
                 return ids
-        after = continuation_text(self.render, self.facts, new_messages, tools)
+        try:
+            after = continuation_text(self.render, self.facts, new_messages, tools)
+        except TemplateError as exc:
+            if any(m.get("role") == "tool" for m in new_messages) and not self.renders_tool_role:
+                raise TemplateError(
+                    "the chat template has no tool role, so a tool result cannot follow an assistant "
+                    f"turn (the template's rule: {exc}); use a template that renders tool results"
+                ) from exc
+            raise
         self._check_rendered(new_messages, after)
         return self._after_eot_ids(after)
 
@@ -173,24 +187,31 @@ class ChatCodec:
     def _after_held(
         self, history: Messages, new_messages: Messages, tools: Tools, held_ids: list[int]
     ) -> list[int] | None:
-        """What a full render of history + new messages holds after `held_ids`, or None when
-        `held_ids` is not its prefix. Compared as ids first (the pieces of the history are
-        memoised by the encoder, so a turn encodes only what is new), then as text (a sampled
-        non-canonical split of the model's text is the same text)."""
-        text = self.render([*history, *new_messages], tools, add_generation_prompt=True)
-        ids = self.encode(text)
-        n = len(held_ids)
-        if len(ids) > n and ids[:n] == held_ids:
-            rest = ids[n:]
-        elif held_ids[-1] in self._special:  # text after a special token encodes as in context
-            held_text = self.decode(held_ids)
-            if len(text) <= len(held_text) or not text.startswith(held_text):
-                return None
-            rest = self.encode(text[len(held_text) :])
-        else:
+        """What a full render of history + new messages writes after the history's last turn, or
+        None where that render does not show the turn's end where the held ids have it.
+
+        The held ids end with the last turn's stop token, a special token; the render is cut
+        after its n-th occurrence of that token's text, n being its count in the held ids (a
+        special token's text always encodes as that token, so the counts agree wherever the held
+        ids are the template's render). One render per turn and only the new part tokenized, behind
+        the stop token so that it splits as in context; the held ids are not re-encoded: where they
+        differ from the history's render, the drift check reports it, as for any continuation."""
+        last = held_ids[-1]
+        if last not in self._special:
             return None
-        self._check_rendered(new_messages, text)
-        return rest
+        stop = self.tokenizer.convert_ids_to_tokens(last)
+        text = self.render([*history, *new_messages], tools, add_generation_prompt=True)
+        at = -1
+        for _ in range(held_ids.count(last)):
+            at = text.find(stop, at + 1)
+            if at < 0:
+                return None
+        after = text[at + len(stop) :]
+        if not after:
+            return None
+        self._check_rendered(new_messages, after)
+        ids = self.encode(stop + after)
+        return ids[1:] if ids[:1] == [last] else self.encode(after)
 
     def _after_eot_ids(self, text: str) -> list[int]:
         """Tokenize text that follows the end-of-turn exactly as it tokenizes in context.

@@ -35,6 +35,7 @@ class TemplateFacts:
     renders_tool_calls: bool
     renders_tool_role: bool
     call_eot_ids: tuple[int, ...] = ()  # end of a turn that calls a tool, where it differs (gpt-oss)
+    eot_inside_turn: bool = False  # the end-of-turn also ends a message inside one turn (gpt-oss)
     kind: str = "append_only"  # append_only / stateful / rewriting (tokens/template_kind.py)
     kind_evidence: str = ""
     stateful: bool = False  # a message renders differently alone: continuations need the history
@@ -113,6 +114,7 @@ def probe_template(render, encode, tokenizer: Any) -> TemplateFacts:
             render, [*prefix, assistant, {"role": "tool", "content": NEXT_MARKER}], tools
         ),
         call_eot_ids=_call_eot_ids(render, encode, tokenizer, prefix, tools, eot_ids),
+        eot_inside_turn=_eot_inside_turn(render, prefix, tools, eot_text),
     )
 
 
@@ -228,6 +230,18 @@ def _call_eot_ids(render, encode, tokenizer: Any, prefix, tools, eot_ids: list[i
     special = special_ids(tokenizer)
     found = [i for i in encode(alone[at + len(ARGUMENT_MARKER) : same]) if i in special]
     return (found[-1],) if found and found[-1] not in eot_ids else ()
+
+
+def _eot_inside_turn(render, prefix, tools, eot_text: str) -> bool:
+    """Whether the template writes the end-of-turn between the text of one assistant message and
+    its tool call (gpt-oss ends the analysis message with `<|end|>`, then the call follows in the
+    same turn): then it is no stop token for that template."""
+    try:
+        text = render([*prefix, tool_call_message(ASSISTANT_MARKER, ARGUMENT_MARKER)], tools, False)
+    except TemplateError:
+        return False
+    at, call = text.find(ASSISTANT_MARKER), text.rfind(ARGUMENT_MARKER)
+    return 0 <= at < call and eot_text in text[at + len(ASSISTANT_MARKER) : call]
 
 
 def _renders_tool_calls(render, prefix, tools) -> bool:
