@@ -234,3 +234,28 @@ def test_tool_arguments_render_as_the_template_writes_them(family, name, argumen
     literal = json.dumps({"command": "ls -la dir1"})
     written = literal if arguments == "dict" else json.dumps(literal)
     assert written in c.decode(segment.token_ids)
+
+
+def test_a_rollback_on_a_stateful_template_renders_its_history():
+    """A request that rewrites the latest tool result rolls back to the last assistant turn; the
+    new result is rendered after the real history, so the prompt is the template's own render."""
+    c = codec("deepseek_v3")
+    messages = tool_episode(3, "string", "I will look around.", final=False)
+    conv, _ = run_episode(c, [*messages, {"role": "assistant", "content": "ok"}], TOOLS)
+    rewritten = [*messages[:-1], {**messages[-1], "content": "permission denied"}]
+    plan = conv.plan(rewritten, TOOLS)
+    assert plan.reason == "rollback"
+    assert plan.prompt_ids == c.encode(c.render(rewritten, TOOLS))
+
+
+def test_append_only_templates_keep_the_fast_path(monkeypatch):
+    """Only a stateful template renders the history for a continuation."""
+    c = codec("llama3_1")
+    assert not c.facts.stateful
+    messages = tool_episode(3, final=False)
+    conv, _ = run_episode(c, [*messages[:-1]], TOOLS)
+    rendered: list[int] = []
+    real = c.render
+    monkeypatch.setattr(c, "render", lambda m, *a, **k: rendered.append(len(m)) or real(m, *a, **k))
+    conv.plan(messages, TOOLS)
+    assert rendered and max(rendered) <= len(c.facts.prefix) + 2
