@@ -161,7 +161,8 @@ class TokenConversation:
         context: list[tuple[list[int], str]] = []
         if seg.cut_turn:  # the last turn stopped without its end-of-turn: close it as context
             context.append((self.codec.eot_ids, "assistant"))
-        held = seg.token_ids + [t for ids, _ in context for t in ids]
+        # the running ids so far: only a stateful template needs them (an O(length) copy)
+        held = seg.token_ids + [t for ids, _ in context for t in ids] if self.codec.facts.stateful else []
         context.append((self._continuation(seg.messages, new, tools, held), new[0].get("role", "context")))
         prompt = seg.token_ids + [t for ids, _ in context for t in ids]
         return Plan(seg, "", seg.trajectory.chain, prompt, context, keys, messages, tools)
