@@ -259,3 +259,20 @@ def test_append_only_templates_keep_the_fast_path(monkeypatch):
     monkeypatch.setattr(c, "render", lambda m, *a, **k: rendered.append(len(m)) or real(m, *a, **k))
     conv.plan(messages, TOOLS)
     assert rendered and max(rendered) <= len(c.facts.prefix) + 2
+
+
+def test_a_keep_thinking_switch_reaches_the_template_through_template_kwargs():
+    """A `preserve_thinking`-style switch (here added to Qwen3's own template, as newer Qwen
+    templates have it) is set with `template_kwargs`: every render, probe included, gets it, so a
+    second query no longer rewrites the first one's reasoning and the episode is exact."""
+    own = tokenizer("qwen3").chat_template
+    switch = "{%- if loop.index0 > ns.last_query_index %}"
+    assert own.count(switch) == 1
+    keeping = own.replace(switch, "{%- if preserve_thinking is true or loop.index0 > ns.last_query_index %}")
+    two = qwen3_thinking_episode(2)
+    c = ChatCodec(tokenizer("qwen3"), keeping, {"preserve_thinking": True})
+    _, (segment,) = run_episode(c, two, TOOLS)
+    assert segment.drift is None and c.decode(segment.token_ids).count("</think>") == 6
+    c = ChatCodec(tokenizer("qwen3"), keeping)  # switch off: Qwen3's own behaviour
+    _, (segment,) = run_episode(c, two, TOOLS)
+    assert segment.drift_kind == "template"
