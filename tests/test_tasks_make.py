@@ -1,0 +1,125 @@
+"""`uniagent tasks make` on a real library (inflection's sdist, tests included, fetched pinned by
+`scripts/fetch-pylibs.sh`): rows made in bwrap sandboxes, then graded by `uniagent verify` (gold
+100 %, empty 0 %), a rerun that resumes, and the difficulty filter with a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_bwrap, require
+from run_helpers import write_replay
+from uniagent.tasks import load_tasks
+
+pytestmark = needs_bwrap
+ROOT = Path(__file__).resolve().parents[1]
+PYLIBS = Path(os.environ.get("UNIAGENT_PYLIBS", ROOT / ".cache" / "pylibs"))
+LIBRARY = PYLIBS / "inflection-0.5.1"
+TEST_CMD = "python -m pytest -rA -p no:cacheprovider test_inflection.py"
+CLI = [sys.executable, "-m", "uniagent.cli"]
+
+
+def uniagent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require("inflection's sdist", LIBRARY.is_dir(), "run scripts/fetch-pylibs.sh (make setup does)")
+    base = tmp_path_factory.mktemp("made")
+    source = base / "inflection"
+    shutil.copytree(LIBRARY, source)
+    out = base / "out"
+    args = ["tasks", "make", str(source), "--test-cmd", TEST_CMD, "--out", str(out)]
+    proc = uniagent(*args, "--max-candidates", "3", "--workers", "2", "--prefix", "inflection")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_rows_are_validated_swe_rows(made: Path) -> None:
+    summary = json.loads((made / "summary.json").read_text())
+    assert summary["candidates"] == 3 and summary["baseline_tests"] > 400
+    rows = rows_of(made / "tasks.jsonl")
+    assert 1 <= len(rows) == summary["kept"] <= summary["valid"] <= 3
+    assert len({frozenset(r["FAIL_TO_PASS"]) for r in rows}) == len(rows)  # deduplicated
+    tasks = load_tasks(str(made / "tasks.jsonl"))
+    assert [t.family for t in tasks] == ["swe"] * len(rows)
+    for row in rows:
+        assert row["instance_id"].startswith("inflection-")
+        assert row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]
+        assert not set(row["FAIL_TO_PASS"]) & set(row["PASS_TO_PASS"])
+        assert row["patch"].startswith("diff --git a/inflection/__init__.py")
+        removed = [
+            ln[1:].strip() for ln in row["patch"].splitlines() if ln.startswith("-") and ln[1:].strip()
+        ]
+        assert not any(r in row["problem_statement"] for r in removed if not r.startswith("--"))
+        assert row["FAIL_TO_PASS"][0] in row["problem_statement"]
+    # the repository's clean commit and other bugs are not reachable from a bug's commit
+    log = subprocess.run(
+        ["git", "-C", str(made / "repo"), "rev-list", rows[0]["base_commit"]], capture_output=True, text=True
+    )
+    assert log.stdout.split() == [rows[0]["base_commit"]]
+
+
+def test_verify_grades_gold_100_and_empty_0(made: Path, tmp_path: Path) -> None:
+    tasks = str(made / "tasks.jsonl")
+    rows = rows_of(made / "tasks.jsonl")
+    proc = uniagent("verify", "--tasks", tasks, "--gold", "--output", str(tmp_path / "gold"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gold = json.loads((tmp_path / "gold" / "report.json").read_text())
+    assert gold["resolved_instances"] == len(rows), gold["instances"]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(
+        "".join(json.dumps({"instance_id": r["instance_id"], "model_patch": ""}) + "\n" for r in rows)
+    )
+    proc = uniagent("verify", "--tasks", tasks, "--predictions", str(empty), "--output", str(tmp_path / "e"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "e" / "report.json").read_text())
+    assert report["resolved_instances"] == 0 and report["unresolved_instances"] == len(rows)
+
+
+def test_a_rerun_resumes_from_the_work_dir(made: Path) -> None:
+    results = sorted((made / "work" / "results").glob("*.json"))
+    stamps = {p.name: p.stat().st_mtime_ns for p in results}
+    before = rows_of(made / "tasks.jsonl")
+    source = made.parent / "inflection"
+    proc = uniagent(
+        "tasks", "make", str(source), "--test-cmd", TEST_CMD, "--out", str(made),
+        "--max-candidates", "3", "--prefix", "inflection",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (made / "work" / "results").glob("*.json")} == stamps
+    assert rows_of(made / "tasks.jsonl") == before
+
+
+def test_filter_k_keeps_rows_neither_always_nor_never_solved(made: Path, tmp_path: Path, codec) -> None:
+    from uniagent.runner.difficulty import filter_rows
+
+    out = tmp_path / "filtered"
+    shutil.copytree(made, out, ignore=shutil.ignore_patterns("work"))
+    tasks = load_tasks(str(out / "tasks.jsonl"))
+    first = tasks[0].instance_id
+    # sample 1 of the first row submits nothing (1/2 solved); every other episode applies the fix
+    replay = write_replay(tmp_path / "replay.jsonl", codec, tasks, samples=2, wrong={(first, 1)})
+    res = asyncio.run(filter_rows(out, f"replay:{replay}", 2, sets=["runner.concurrency=2"]))
+    assert res == {
+        "k": 2,
+        "rows": len(tasks),
+        "kept": 1,
+        "always_solved": len(tasks) - 1,
+        "never_solved": 0,
+    }
+    kept = rows_of(out / "tasks.jsonl")
+    assert [r["instance_id"] for r in kept] == [first] and kept[0]["pass_rate"] == 0.5
+    assert len(rows_of(out / "tasks.all.jsonl")) == len(tasks)
