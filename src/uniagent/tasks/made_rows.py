@@ -18,13 +18,10 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from uniagent import jsonio
 from uniagent.tasks.mutate import Mutation
-
-if TYPE_CHECKING:
-    from uniagent.tasks.make import MakeConfig
 
 _DATE = "2000-01-01T00:00:00Z"
 _ENV = {
@@ -131,13 +128,20 @@ def build_repo(tree: Path, repo: Path, kept: list[dict[str, Any]]) -> tuple[str,
     return clean, out
 
 
-async def write(cfg: MakeConfig, tree: Path, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Build the repository and write OUT/tasks.jsonl; the rows."""
-    name = cfg.prefix or cfg.source.resolve().name
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    repo = cfg.out / "repo"
-    _, commits = build_repo(tree, repo, kept)
-    texts = await model_statements(cfg.statement_model, name, kept) if cfg.statement_model else {}
+async def write(
+    out: Path,
+    name: str,
+    tree: Path,
+    kept: list[dict[str, Any]],
+    test: tuple[str, str],
+    statement_model: str | None = None,
+) -> list[dict[str, Any]]:
+    """Build OUT/repo and write OUT/tasks.jsonl (ids NAME-ID; `test`: the test command and its
+    log parser); the rows."""
+    test_cmd, log_parser = test
+    out.mkdir(parents=True, exist_ok=True)
+    _, commits = build_repo(tree, out / "repo", kept)
+    texts = await model_statements(statement_model, name, kept) if statement_model else {}
     rows = []
     for r in kept:
         bug, gold = commits[r["id"]]
@@ -152,12 +156,12 @@ async def write(cfg: MakeConfig, tree: Path, kept: list[dict[str, Any]]) -> list
                 "test_patch": "",
                 "FAIL_TO_PASS": r["FAIL_TO_PASS"],
                 "PASS_TO_PASS": r["PASS_TO_PASS"],
-                "test_cmd": cfg.test_cmd,
-                "log_parser": cfg.log_parser,
+                "test_cmd": test_cmd,
+                "log_parser": log_parser,
                 "made": {k: m[k] for k in ("kind", "path", "function", "line")},
             }
         )
-    jsonio.write_text_atomic(cfg.out / "tasks.jsonl", "".join(jsonio.dumps(row) + "\n" for row in rows))
+    jsonio.write_text_atomic(out / "tasks.jsonl", "".join(jsonio.dumps(row) + "\n" for row in rows))
     return rows
 
 

@@ -298,7 +298,10 @@ async def make(
     await evaluate(cfg, tree, todo, list(base["passing"]), timeout, progress)
     results = load_results(cfg, order)
     kept = deduplicate(results)
-    rows = await made_rows.write(cfg, tree, kept)
+    name = cfg.prefix or cfg.source.resolve().name
+    rows = await made_rows.write(
+        cfg.out, name, tree, kept, (cfg.test_cmd, cfg.log_parser), cfg.statement_model
+    )
     reasons: dict[str, int] = {}
     for r in results:
         if not r.get("kept"):
