@@ -123,3 +123,14 @@ def test_filter_k_keeps_rows_neither_always_nor_never_solved(made: Path, tmp_pat
     kept = rows_of(out / "tasks.jsonl")
     assert [r["instance_id"] for r in kept] == [first] and kept[0]["pass_rate"] == 0.5
     assert len(rows_of(out / "tasks.all.jsonl")) == len(tasks)
+
+
+def test_a_model_writes_the_statement_from_the_failures(tmp_path: Path, codec) -> None:
+    from run_helpers import write_turns
+    from uniagent.tasks.made_rows import MODEL_PROMPT, model_statements
+
+    kept = [{"id": "abc", "failures": {"t.py::test_a": "AssertionError: assert 1 == 2"}}]
+    replay = write_turns(tmp_path / "r.jsonl", codec, {"abc#0": ["`f` returns 1 where 2 is expected."]})
+    texts = asyncio.run(model_statements(f"replay:{replay}", "lib", kept))
+    assert texts == {"abc": "`f` returns 1 where 2 is expected."}
+    assert "do not" in MODEL_PROMPT and "{listing}" in MODEL_PROMPT

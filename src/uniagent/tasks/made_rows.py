@@ -95,9 +95,7 @@ async def model_statements(spec: str, name: str, kept: list[dict[str, Any]]) -> 
             text = (turn.text or "").strip()
             out[r["id"]] = text or statement(name, r["failures"])
     finally:
-        close = getattr(factory, "close", None)
-        if close is not None:
-            await close()
+        await factory.close()
     return out
 
 
