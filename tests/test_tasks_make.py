@@ -134,3 +134,31 @@ def test_a_model_writes_the_statement_from_the_failures(tmp_path: Path, codec) -
     texts = asyncio.run(model_statements(f"replay:{replay}", "lib", kept))
     assert texts == {"abc": "`f` returns 1 where 2 is expected."}
     assert "do not" in MODEL_PROMPT and "{listing}" in MODEL_PROMPT
+
+
+def test_the_tree_is_a_git_repositorys_head_or_a_source_tree_without_caches(tmp_path: Path) -> None:
+    from uniagent.tasks.make import MakeConfig, candidates, snapshot
+
+    src = tmp_path / "src"
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "pkg" / "core.py").write_text("def f(a, b):\n    return a + b\n")
+    (src / "pkg" / "__pycache__" / "core.pyc").write_bytes(b"x")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_core.py").write_text("def test_f():\n    assert 1 + 1 == 2\n")
+    snapshot(src, tmp_path / "plain")
+    assert sorted(
+        p.relative_to(tmp_path / "plain").as_posix() for p in (tmp_path / "plain").rglob("*.py")
+    ) == [
+        "pkg/core.py",
+        "tests/test_core.py",
+    ]
+    assert not (tmp_path / "plain" / "pkg" / "__pycache__").exists()
+    cfg = MakeConfig(source=src, test_cmd="true", out=tmp_path / "o", max_candidates=None)
+    assert {m.path for m in candidates(tmp_path / "plain", cfg)} == {"pkg/core.py"}  # never the tests
+    subprocess.run(["git", "init", "-q", str(src)], check=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    subprocess.run(["git", "-C", str(src), "add", "pkg/core.py"], check=True)
+    subprocess.run(["git", "-C", str(src), "commit", "-qm", "c"], check=True, env=env)
+    snapshot(src, tmp_path / "git")
+    assert [p.name for p in (tmp_path / "git").rglob("*") if p.is_file()] == ["core.py"]  # HEAD only
