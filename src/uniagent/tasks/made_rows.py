@@ -104,7 +104,7 @@ def build_repo(tree: Path, repo: Path, kept: list[dict[str, Any]]) -> tuple[str,
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(tree, repo, symlinks=True)
     _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
+    _git(repo, "add", "-A", "--force")  # the tree as it is: ignored files too (a generated version.py)
     _git(repo, "commit", "-q", "--no-verify", "-m", "clean")
     clean = _git(repo, "rev-parse", "HEAD").strip()
     index = repo / ".git" / "made-index"
