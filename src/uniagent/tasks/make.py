@@ -198,6 +198,7 @@ async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
         data: dict[str, Any] = jsonio.loads(path.read_text())
         if data.get("test_cmd") == cfg.test_cmd:
             return data
+        shutil.rmtree(cfg.work_dir / "results", ignore_errors=True)  # judged by another command
     async with sandboxes.create(_sandbox_config(cfg)) as sb:
         runner = Runner(sb, tree, cfg, cfg.timeout_s or 1800)
         await runner.setup()
