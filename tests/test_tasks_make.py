@@ -162,3 +162,15 @@ def test_the_tree_is_a_git_repositorys_head_or_a_source_tree_without_caches(tmp_
     subprocess.run(["git", "-C", str(src), "commit", "-qm", "c"], check=True, env=env)
     snapshot(src, tmp_path / "git")
     assert [p.name for p in (tmp_path / "git").rglob("*") if p.is_file()] == ["core.py"]  # HEAD only
+
+
+def test_the_tasks_repository_keeps_ignored_files(tmp_path: Path) -> None:
+    from uniagent.tasks.made_rows import build_repo
+
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / ".gitignore").write_text("pkg/version.py\n")
+    (tree / "pkg" / "version.py").write_text("version = '1.0'\n")  # generated at build time
+    build_repo(tree, tmp_path / "repo", [])
+    files = subprocess.run(["git", "-C", str(tmp_path / "repo"), "ls-files"], capture_output=True, text=True)
+    assert files.stdout.split() == [".gitignore", "pkg/version.py"]
