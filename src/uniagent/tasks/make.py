@@ -60,6 +60,15 @@ class MakeConfig(BaseModel):
     def work_dir(self) -> Path:
         return self.work or self.out / "work"
 
+    @property
+    def row_test_cmd(self) -> str:
+        """The test command of the rows, and of every run here: with a fixed hash seed, so that
+        test ids made from sets or dicts (`expected4` in one run, `expected19` in the next) are
+        the same when the rows are made and when they are graded."""
+        if "PYTHONHASHSEED" in self.test_cmd:
+            return self.test_cmd
+        return f"export PYTHONHASHSEED=0; {self.test_cmd}"
+
 
 def snapshot(source: Path, dest: Path) -> None:
     """The tree to make tasks from: a git repository's HEAD (tracked files only), or a source
@@ -149,7 +158,7 @@ class Runner:
         """(statuses, log, timed out) of one run of the test command. No bytecode is written:
         a mutated file of the same size and second as its cached bytecode would not be reread."""
         res = await self.sandbox.exec(
-            self.cfg.test_cmd,
+            self.cfg.row_test_cmd,
             timeout=self.timeout,
             env={"PYTHONDONTWRITEBYTECODE": "1"},
             session="_make",
@@ -196,7 +205,7 @@ async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
     path = cfg.work_dir / "baseline.json"
     if path.exists():
         data: dict[str, Any] = jsonio.loads(path.read_text())
-        if data.get("test_cmd") == cfg.test_cmd:
+        if data.get("test_cmd") == cfg.row_test_cmd:
             return data
         shutil.rmtree(cfg.work_dir / "results", ignore_errors=True)  # judged by another command
     async with sandboxes.create(_sandbox_config(cfg)) as sb:
@@ -213,7 +222,7 @@ async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
             f"({len(passing)} passed{', timed out' if timed_out else ''}): {log.strip()[-600:]}"
         )
     data = {
-        "test_cmd": cfg.test_cmd,
+        "test_cmd": cfg.row_test_cmd,
         "passing": passing,
         "flaky": sorted(t for t in first if (first[t] in PASSING) != (second.get(t) in PASSING)),
         "seconds": round(seconds, 3),
@@ -301,7 +310,7 @@ async def make(
     kept = deduplicate(results)
     name = cfg.prefix or cfg.source.resolve().name
     rows = await made_rows.write(
-        cfg.out, name, tree, kept, (cfg.test_cmd, cfg.log_parser), cfg.statement_model
+        cfg.out, name, tree, kept, (cfg.row_test_cmd, cfg.log_parser), cfg.statement_model
     )
     reasons: dict[str, int] = {}
     for r in results:
