@@ -1,9 +1,10 @@
 """`uniagent tasks make`: validated SWE rows from any Python repository and its test command.
 
-The repository's tests run twice on the clean tree (the baseline: tests that pass both times).
-Candidate bugs (`uniagent.tasks.mutate`) are injected one at a time into a sandbox's copy of the
-tree, the tests run, and a candidate is kept when some baseline tests fail (FAIL_TO_PASS) while
-others still pass (PASS_TO_PASS), and a second run agrees (flaky ones are dropped). Kept bugs with
+The repository's tests run three times on the clean tree (the baseline: tests that pass every
+time, under the same id). Candidate bugs (`uniagent.tasks.mutate`) are injected one at a time into
+a sandbox's copy of the tree, the tests run, and a candidate is kept when some baseline tests fail
+(FAIL_TO_PASS) while others still pass (PASS_TO_PASS), and a second run agrees (flaky ones are
+dropped). Kept bugs with
 the same failing-test set are one task (the first in the seeded order). The rows are written by
 `uniagent.tasks.made_rows`; their gold patch is the revert of the bug.
 
@@ -33,6 +34,8 @@ from uniagent.tasks.swe import is_test_path, parser_name
 from uniagent.tasks.witness import LOG_LIMIT
 
 PASSING = ("PASSED", "XFAIL")
+FAILING = ("FAILED", "ERROR")
+BASELINE_RUNS = 3
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", ".tox", ".nox", ".eggs", "build", "dist", "__pycache__"}
 _SKIP_DIRS |= {".pytest_cache", ".mypy_cache", ".ruff_cache", "node_modules", "docs", "doc"}
 
@@ -182,15 +185,18 @@ class Runner:
         statuses, log, timed_out = await self.tests()
         if timed_out:
             return {**out, "reason": "the tests ran past the timeout"}
-        f2p = [t for t in passing if statuses.get(t) not in PASSING]
+        # A test that fails must say so: one that does not run at all (its module no longer
+        # imports, or its parametrized id is not the same from run to run) is in neither list.
+        f2p = [t for t in passing if statuses.get(t) in FAILING]
         p2p = [t for t in passing if statuses.get(t) in PASSING]
         if not f2p:
-            return {**out, "reason": "no test fails"}
+            return {**out, "reason": "no test fails" if p2p else "the tests do not run"}
         if not p2p:
             return {**out, "reason": "every test fails"}
         again, _, timed_out = await self.tests()
-        if timed_out or [t for t in passing if again.get(t) not in PASSING] != f2p:
+        if timed_out or [t for t in passing if again.get(t) in FAILING] != f2p:
             return {**out, "reason": "flaky: a second run differs"}
+        p2p = [t for t in p2p if again.get(t) in PASSING]
         msgs = failure_messages(log, self.parser)
         failures = {t: msgs.get(t, statuses.get(t) or "did not run") for t in f2p}
         return {**out, "kept": True, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "failures": failures}
@@ -201,7 +207,8 @@ def _sandbox_config(cfg: MakeConfig) -> SandboxConfig:
 
 
 async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
-    """The tests that pass on the clean tree in two runs (a test that differs is left out)."""
+    """The tests that pass on the clean tree in each of `BASELINE_RUNS` runs (a test that fails
+    once, or whose id is not the same in every run, is left out)."""
     path = cfg.work_dir / "baseline.json"
     if path.exists():
         data: dict[str, Any] = jsonio.loads(path.read_text())
@@ -214,8 +221,8 @@ async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         first, log, timed_out = await runner.tests()
         seconds = time.perf_counter() - t0
-        second, _, _ = await runner.tests()
-    passing = sorted(t for t, s in first.items() if s in PASSING and second.get(t) in PASSING)
+        others = [(await runner.tests())[0] for _ in range(BASELINE_RUNS - 1)]
+    passing = sorted(t for t, s in first.items() if s in PASSING and all(o.get(t) in PASSING for o in others))
     if timed_out or len(passing) < 2:
         raise ConfigError(
             f"tasks make: the tests of {cfg.source} must pass on the clean tree "
@@ -224,7 +231,7 @@ async def baseline(cfg: MakeConfig, tree: Path) -> dict[str, Any]:
     data = {
         "test_cmd": cfg.row_test_cmd,
         "passing": passing,
-        "flaky": sorted(t for t in first if (first[t] in PASSING) != (second.get(t) in PASSING)),
+        "unstable": sorted(t for t in first if first[t] in PASSING and t not in passing),
         "seconds": round(seconds, 3),
     }
     jsonio.write_json_atomic(path, data)
