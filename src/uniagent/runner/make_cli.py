@@ -88,6 +88,8 @@ def make_command(
         table.add_row(key, str(summary[key]))
     for why, n in sorted(summary["rejected"].items()):
         table.add_row(f"rejected: {why}", str(n))
+    if summary["gold_not_resolved"]:
+        table.add_row("dropped: gold patch not resolved", str(len(summary["gold_not_resolved"])))
     if "filter" in summary:
         table.add_row("after --filter-k", str(summary["filter"]["kept"]))
     console.print(table)

@@ -292,6 +292,27 @@ def deduplicate(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+async def gold_gate(cfg: MakeConfig, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Grade every row's gold patch exactly as an episode is graded (`uniagent verify --gold`) and
+    drop from OUT/tasks.jsonl the rows it does not resolve (id -> why): what the validation runs
+    cannot see, such as a test id that changes between runs or a repository whose tests change
+    pytest's internals (the grader refuses those runs)."""
+    from uniagent.tasks.registry import load_tasks
+    from uniagent.tasks.swe import SweTask
+    from uniagent.tasks.verify import verify
+
+    if not rows:
+        return {}
+    tasks = [t for t in load_tasks(str(cfg.out / "tasks.jsonl")) if isinstance(t, SweTask)]
+    report = await verify(tasks, None, cfg.work_dir / "gold", cfg.workers, _sandbox_config(cfg))
+    results = report["instances"].items()
+    refused = {i: str(r.get("error") or r["status"]) for i, r in results if r["status"] != "resolved"}
+    if refused:
+        kept = [r for r in rows if r["instance_id"] not in refused]
+        jsonio.write_text_atomic(cfg.out / "tasks.jsonl", "".join(jsonio.dumps(r) + "\n" for r in kept))
+    return refused
+
+
 async def make(
     cfg: MakeConfig,
     progress: Callable[[dict[str, Any]], None] | None = None,
@@ -319,6 +340,8 @@ async def make(
     rows = await made_rows.write(
         cfg.out, name, tree, kept, (cfg.row_test_cmd, cfg.log_parser), cfg.statement_model
     )
+    refused = await gold_gate(cfg, rows)
+    rows = [r for r in rows if r["instance_id"] not in refused]
     reasons: dict[str, int] = {}
     for r in results:
         if not r.get("kept"):
@@ -329,6 +352,7 @@ async def make(
         "valid": sum(bool(r.get("kept")) for r in results),
         "kept": len(rows),
         "rejected": reasons,
+        "gold_not_resolved": refused,
         "baseline_tests": len(base["passing"]),
         "seconds": round(time.perf_counter() - t0, 1),
         "tasks": str(cfg.out / "tasks.jsonl"),
