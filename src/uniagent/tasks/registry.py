@@ -50,6 +50,10 @@ SUITES = Registry(
             Suite("starter/tasks.jsonl", "swe"),
             "small Python packages with real bugs; hidden tests fail before the fix",
         ),
+        "made": Entry(
+            Suite("made/tasks.parquet", "swe"),
+            "bugs injected into inflection by `uniagent tasks make`, caught by its own tests",
+        ),
         "search": Entry(
             Suite("search_qa/questions.jsonl", "search", {"corpus": "corpus.jsonl"}),
             "questions about an invented archipelago, answered by searching its corpus",
