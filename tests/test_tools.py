@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +259,23 @@ async def test_submit_patch_has_changes_and_new_files_and_keeps_the_index(sb, tm
     for rel in ("app.py", "crlf.txt", "pkg/new.py", "blob.bin"):
         assert (clone / rel).read_bytes() == (tmp_path / rel).read_bytes(), rel
     assert not (clone / "gone.txt").exists()
+
+
+async def test_submit_sees_a_same_size_edit_made_in_the_second_of_the_checkout(sb, tmp_path):
+    # git compares a file's cached stat (whole seconds) unless the file is as new as the index: an
+    # edit of the same size within the checkout's second is found only by content.
+    for _ in range(20):
+        shutil.rmtree(tmp_path / ".git", ignore_errors=True)
+        make_repo(tmp_path)
+        (tmp_path / "app.py").write_text("def f():\n    return 2\n")  # same size as "return 1"
+        index = (tmp_path / ".git" / "index").stat()
+        if int((tmp_path / "app.py").stat().st_ctime) == int(index.st_mtime):
+            break
+    else:
+        pytest.skip("could not edit within the checkout's second")
+    time.sleep(1.1)  # a copy of the index made now is newer than the edit
+    res = await SubmitTool(base_ref="HEAD").call({}, sb)
+    assert res.done and res.patch and "+    return 2" in res.patch
 
 
 async def test_submit_without_changes_without_ref_and_with_a_bad_ref(sb, tmp_path):

@@ -89,7 +89,10 @@ async def workspace_patch(
         [
             f"mkdir -p {tmp} || exit 1",
             "idx=$(git rev-parse --git-path index) || exit 1",
-            f'if [ -f "$idx" ]; then cp "$idx" {tmp}/index; fi',
+            # -p keeps the index's mtime: git trusts a file's cached stat only when the file is
+            # older than the index (else it compares contents), so a copy stamped "now" would hide
+            # a same-size edit made in the second of the checkout from the patch.
+            f'if [ -f "$idx" ]; then cp -p "$idx" {tmp}/index; fi',
             f"export GIT_INDEX_FILE={tmp}/index",
             f"{git} add -A -- {' '.join(quote(s) for s in specs)} || exit 1",
             f"{git} diff --cached --binary --no-color --no-ext-diff {quote(base_ref)} -- > {tmp}/patch",
