@@ -58,11 +58,12 @@ _CODECS: dict[str, Any] = {}
 
 
 def tokenizer(family: str) -> Any:
-    """The family's real tokenizer, loaded once per test session (gemma3's is 33 MB)."""
+    """The family's real tokenizer, loaded once per test session (gemma3's is 33 MB), the way
+    uniagent loads a tokenizer folder."""
     if family not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+        from uniagent.models.loading import load_tokenizer_folder
 
-        _TOKENIZERS[family] = AutoTokenizer.from_pretrained(str(folder(family)))
+        _TOKENIZERS[family] = load_tokenizer_folder(folder(family))
     return _TOKENIZERS[family]
 
 
@@ -106,3 +107,9 @@ def params(group: str, pairs: tuple[str, ...] | None = None) -> list[Any]:
         pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=STATEFUL)) if p in xfail else p
         for p in (pairs or tuple(PAIRS))
     ]
+
+
+def codec_or_smol(request: Any, smol: Any) -> Any:
+    """For a module's `codec` fixture parametrized by "smollm2" and pair names: the session's
+    SmolLM2 codec (`smol`) or the pair's."""
+    return smol if request.param == "smollm2" else codec(request.param)

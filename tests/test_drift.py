@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 
+import real_tokenizers as real
 from uniagent.tokens import ChatCodec, Trajectory
 from uniagent.tokens.drift import DriftReport, drift_report, episode_drift
+
+
+@pytest.fixture(scope="module", params=["smollm2", *real.params("drift", real.OWN_PAIRS)])
+def codec(request, codec):  # type: ignore[no-untyped-def]
+    """SmolLM2's codec and each real tokenizer with its own template."""
+    return real.codec_or_smol(request, codec)
+
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "You fix bugs."},

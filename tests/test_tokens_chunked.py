@@ -132,3 +132,16 @@ def test_a_tokenizer_whose_added_tokens_strip_spaces_keeps_the_plain_encode(toke
         _tokenizer = Backend()
 
     assert chunked_encoder(Fake()) is None
+
+
+@pytest.mark.parametrize("family", real.FAMILIES)
+def test_a_real_tokenizer_is_loaded_as_its_tokenizer_json_defines_it(family) -> None:
+    """transformers 5 rebuilds DeepSeek-V3's tokenizer (config: LlamaTokenizerFast) with a
+    SentencePiece pre-tokenizer that drops spaces; uniagent's loader keeps the file's pipeline."""
+    from tokenizers import Tokenizer
+
+    text = "Step 1: look around.\n  ok ü 你好\tx"
+    own = Tokenizer.from_file(str(real.folder(family) / "tokenizer.json"))
+    tok = real.tokenizer(family)
+    assert tok.encode(text, add_special_tokens=False) == own.encode(text, add_special_tokens=False).ids
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
