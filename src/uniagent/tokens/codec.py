@@ -9,6 +9,7 @@ the tokens to append after each generation, learned by probing the template.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from typing import Any
 
@@ -21,6 +22,16 @@ Tools = list[dict[str, Any]] | None
 
 _FACTS: dict[tuple[Any, ...], TemplateFacts] = {}
 _FACTS_LOCK = threading.Lock()
+
+
+def _renders_content(content: str, text: str) -> bool:
+    """`content` is in `text` as-is or as a JSON string (Llama 3.1 writes tool results `| tojson`,
+    a string with a newline becomes `"a\\nb"`)."""
+    return (
+        content in text
+        or json.dumps(content)[1:-1] in text
+        or json.dumps(content, ensure_ascii=False)[1:-1] in text
+    )
 
 
 def _shape(messages: Messages) -> str:
@@ -202,7 +213,7 @@ class ChatCodec:
         """A template that silently drops a message would train on a lie; refuse instead."""
         for message in new_messages:
             content = message.get("content")
-            if isinstance(content, str) and content.strip() and content.strip() not in text:
+            if isinstance(content, str) and content.strip() and not _renders_content(content.strip(), text):
                 raise TemplateError(
                     f"the chat template does not render {message.get('role')!r} messages "
                     "(their content is missing from the render); map them to a role it supports"
