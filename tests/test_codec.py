@@ -329,3 +329,15 @@ def test_drift_kinds_on_real_templates(codecs, name):
         assert checked["exact"] > 0, checked
     if name in NOT_APPEND_ONLY:
         assert checked["not_append_only"] > 0, checked
+
+
+def test_a_tool_result_the_template_writes_as_json_is_rendered_not_refused(codecs):
+    """Llama 3.1's tool template writes a tool result `| tojson` ("a\\nb" with an escaped newline):
+    the content is there, JSON-encoded, and the continuation is the full render's tokens."""
+    codec = codecs["llama3_1-Llama-3.1"]
+    messages = conversation(1, "tool")
+    full = codec.encode(codec.render(messages[:2], TOOLS, add_generation_prompt=False))
+    cont = codec.continuation_ids(messages[2:3], TOOLS)
+    reference = codec.encode(codec.render(messages[:3], TOOLS, add_generation_prompt=True))
+    assert '"file_0.py\\nREADME.md"' in codec.decode(cont)
+    assert reference[len(full) :] == cont
