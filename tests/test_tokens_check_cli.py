@@ -22,7 +22,12 @@ def test_json_report_of_a_stateful_template() -> None:
     assert report["tokenizer_class"] != "LlamaTokenizer"
 
 
-def test_table_with_a_shared_template_and_a_folder_without_one() -> None:
+def test_table_with_a_shared_template_and_a_folder_without_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from uniagent.models import token_report
+
+    # the tokenizers this session already loaded (the same loader): the load is the slow part
+    loaded = {str(real.folder(f)): real.tokenizer(f) for f in ("deepseek_v3", "gptoss")}
+    monkeypatch.setattr(token_report, "load_tokenizer", lambda source: loaded[source.path])
     v31 = SHARED_TEMPLATES / "deepseek-ai-DeepSeek-V3.1.jinja"
     require("the shared chat templates", v31.is_file(), f"{v31} is missing")
     folder = str(real.folder("deepseek_v3"))
