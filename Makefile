@@ -84,6 +84,7 @@ docs: setup
 bench: setup llama-server
 	$(PY) bench/roofline.py --refresh
 	$(PY) bench/codec.py
+	$(PY) bench/codec_stateful.py
 	$(PY) bench/engine.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/gateway.py

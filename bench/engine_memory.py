@@ -25,16 +25,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from common import emit as common_emit
 
 BENCH = "engine_memory"
 STARTER_TASKS = 18
 UNIAGENT = [sys.executable, "-c", "from uniagent.cli import main; main()"]  # `uniagent`, this interpreter
 
 
-def emit(figure: str, value: Any, unit: str | None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def rss_mb(pid: int) -> float:

@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import platform
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 import aiohttp
 
+from common import emit as common_emit
 from uniagent.gateway import Gateway
 from uniagent.gateway.server import GatewayServer
 from uniagent.models.base import Generation, SamplingParams
@@ -49,8 +50,7 @@ BENCH = "gateway"
 SYSTEM = {"role": "system", "content": "You are a careful assistant working in a sandbox."}
 
 
-def emit(figure: str, value: Any, unit: str | None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 class InstantEngine:

@@ -32,10 +32,12 @@ import platform
 import socket
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 import httpx
 
+from common import emit as common_emit
 from uniagent.models.base import SamplingParams
 from uniagent.models.remote.base import RemoteEngine
 from uniagent.models.remote.sglang import SGLangDialect
@@ -46,8 +48,7 @@ NEW_TOKENS = 128
 DIALECTS = {"vllm": VLLMDialect, "sglang": SGLangDialect}
 
 
-def emit(figure: str, value: Any, unit: str | None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def answers(prompt_len: int) -> dict[str, bytes]:

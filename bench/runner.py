@@ -81,7 +81,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import platform
 import shlex
@@ -109,47 +108,25 @@ from runner_probe import (
     remove_group,
     store_rows,
 )
-from runner_workload import TASKS, script_turns
-from uniagent.models.base import Generation
-from uniagent.models.replay import ANY_PROMPT, ReplayRecord, save_records
+from runner_workload import MAX_TURNS, TASKS, load_codec, samples_for, write_script
 from uniagent.tasks import load_tasks
 from uniagent.tasks.base import Task
 from uniagent.tokens import ChatCodec
 
 HERE = Path(__file__).resolve().parent
-MAX_TURNS = 12  # 10 scripted turns; the rest is slack that an unexpected extra turn would show
 log = logging.getLogger("bench.runner")
 
 
-def load_codec() -> ChatCodec:
-    """The codec `ModelFactory` builds for a replay model (the packaged SmolLM2 tokenizer)."""
-    from uniagent.models.loading import load_tokenizer, resolve_model
-
-    return ChatCodec(load_tokenizer(resolve_model(None)))
-
-
-def write_script(path: Path, codec: ChatCodec, tasks: list[Task], samples: int) -> Path:
-    """The replay file: per `INSTANCE#SAMPLE` request id, ten generations in turn order. Prompts
-    are not recorded (observations hold timestamps): `ANY_PROMPT` replays by request id and turn."""
-    records = []
-    for task in tasks:
-        turns = [codec.encode(t) + codec.eot_ids for t in script_turns(task)]
-        for s in range(samples):
-            for turn, ids in enumerate(turns):
-                gen = Generation(list(ids), [-0.1] * len(ids), "stop")
-                records.append(ReplayRecord(f"{task.instance_id}#{s}", gen, turn, None, ANY_PROMPT))
-    save_records(records, path, include_prompts=False)
-    return path
-
-
-def samples_for(level: int, n_tasks: int) -> int:
-    """Enough samples per task that `level` episodes can run at once (6 at 100, 56 at 1,000)."""
-    return max(1, math.ceil(level / n_tasks))
-
-
 def child_spec(
-    out: Path, script: Path, level: int, samples: int, args: argparse.Namespace, cpuacct: Path | None = None
+    out: Path,
+    script: Path,
+    level: int,
+    samples: int,
+    args: argparse.Namespace,
+    cpuacct: Path | None = None,
+    stalls: bool = False,
 ) -> Path:
+    """The runner child's spec (bench/runner_child.py) for one level; `stalls` records why its loop stalls."""
     spec = {
         "flags": {
             "tasks.spec": TASKS,
@@ -162,7 +139,7 @@ def child_spec(
             "agent.max_turns": MAX_TURNS,
         },
         "set": list(args.set),
-        "stalls": args.stalls,
+        "stalls": stalls,
         "result": str(out / "child.json"),
         "cpuacct": str(cpuacct) if cpuacct else None,
     }
@@ -245,7 +222,7 @@ def run_level(
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
     group = cpuacct_group(f"bench-runner-{os.getpid()}-{US}-{level}-r{repeat}")
-    spec = child_spec(out, script, level, samples, args, group)
+    spec = child_spec(out, script, level, samples, args, group, stalls=args.stalls)
     run = watch(lambda: start_child(spec, out / "child.log"), args.sample_s, out / "tmp", group)
     # A descendant that outlives the runner for good shows here; one that only takes a while to
     # exit (a sandbox at nice 19 on a busy machine) is waited for and its delay reported.

@@ -11,9 +11,11 @@ rest on is; a goal is met only when valid.
 
 from __future__ import annotations
 
-import json
 import statistics
+from functools import partial
 from typing import Any
+
+from common import emit as common_emit
 
 BENCH = "runner"
 US, PEER = "uniagent", "mini-swe-agent"
@@ -69,8 +71,7 @@ def unit_of(figure: str) -> str | None:
     return next((u for end, u in reversed(UNITS.items()) if figure.endswith(end)), None)
 
 
-def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def emit_run(figs: dict[str, Any], **ctx: Any) -> None:

@@ -12,9 +12,10 @@ import signal
 import time
 from pathlib import Path
 
-from runner import child_spec, samples_for, start_child, write_script
+from runner import child_spec, start_child
 from runner_figures import emit
 from runner_probe import TreeMonitor, cgroups_snapshot, check_run, store_count
+from runner_workload import samples_for, write_script
 from uniagent.tasks.base import Task
 from uniagent.tokens import ChatCodec
 
@@ -28,7 +29,7 @@ def kill_resume(level: int, tasks: list[Task], codec: ChatCodec, out: Path, args
     jitter = rng.uniform(0.0, 2.0)
     out.mkdir(parents=True, exist_ok=True)
     script = write_script(out / "script.jsonl", codec, tasks, samples)
-    spec = child_spec(out, script, level, samples, args)
+    spec = child_spec(out, script, level, samples, args, stalls=args.stalls)
     t0 = time.monotonic()
     proc = start_child(spec, out / "child.log")
     mon = TreeMonitor(proc.pid, args.sample_s, str(out / "tmp"))

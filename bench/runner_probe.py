@@ -332,7 +332,7 @@ def side_figures(
         "cpu_children_ms_per_turn": round(kids * per_turn, 2),
         "cpu_basis": {"total": basis, "rusage_reaped_children_ms_per_turn": round(reaped * per_turn, 2)},
         "startup_wall_s": round(report["startup_wall_s"], 2),
-        "startup_cpu_s": round(sum(c0.values()), 2),
+        "startup_cpu_s": round(sum(v for k, v in c0.items() if k != "tree_s"), 2),  # rusage, no tree
         "process_wall_s": round(wall, 2),
         "episodes_per_min_with_startup": round(resolved / wall * 60, 2) if wall else 0.0,
         "cpu_util": round(cpu["busy"] / cpu["total"], 3) if cpu["total"] else 0.0,

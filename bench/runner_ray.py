@@ -42,10 +42,12 @@ import sqlite3
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import runner as base
+from common import emit as common_emit
 from ray_cluster import LocalCluster
 from runner_probe import store_count
 from uniagent.tasks import load_tasks
@@ -55,8 +57,7 @@ BENCH = "runner_ray"
 log = logging.getLogger("bench.runner_ray")
 
 
-def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def redone_pairs(run_dir: Path) -> list[str]:

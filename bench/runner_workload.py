@@ -4,12 +4,20 @@ then the gold patch applied with bash) and a submit, scripted as a model would w
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from uniagent.parsers import get_parser
 from uniagent.parsers.base import ToolCall
 from uniagent.tasks.base import Task
 from uniagent.tasks.swe import patch_files
 
+if TYPE_CHECKING:  # the peer's child imports this module: it loads no more of uniagent than it uses
+    from uniagent.tokens import ChatCodec
+
 TASKS = "builtin:starter"
+MAX_TURNS = 12  # 10 scripted turns; the rest is slack that an unexpected extra turn would show
 
 
 def exploration_commands(task: Task) -> list[str]:
@@ -43,3 +51,33 @@ def script_turns(task: Task, parser: str = "hermes") -> list[str]:
     render = get_parser(parser).render_call
     calls = [ToolCall("bash", {"command": c}) for c in episode_commands(task)]
     return [render(c) for c in [*calls, ToolCall("submit", {})]]
+
+
+def load_codec() -> ChatCodec:
+    """The codec `ModelFactory` builds for a replay model (the packaged SmolLM2 tokenizer)."""
+    from uniagent.models.loading import load_tokenizer, resolve_model
+    from uniagent.tokens import ChatCodec
+
+    return ChatCodec(load_tokenizer(resolve_model(None)))
+
+
+def write_script(path: Path, codec: ChatCodec, tasks: list[Task], samples: int) -> Path:
+    """The replay file: per `INSTANCE#SAMPLE` request id, ten generations in turn order. Prompts
+    are not recorded (observations hold timestamps): `ANY_PROMPT` replays by request id and turn."""
+    from uniagent.models.base import Generation
+    from uniagent.models.replay import ANY_PROMPT, ReplayRecord, save_records
+
+    records = []
+    for task in tasks:
+        turns = [codec.encode(t) + codec.eot_ids for t in script_turns(task)]
+        for s in range(samples):
+            for turn, ids in enumerate(turns):
+                gen = Generation(list(ids), [-0.1] * len(ids), "stop")
+                records.append(ReplayRecord(f"{task.instance_id}#{s}", gen, turn, None, ANY_PROMPT))
+    save_records(records, path, include_prompts=False)
+    return path
+
+
+def samples_for(level: int, n_tasks: int) -> int:
+    """Enough samples per task that `level` episodes can run at once (6 at 100, 56 at 1,000)."""
+    return max(1, math.ceil(level / n_tasks))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import logging
 import os
 import platform
@@ -46,6 +45,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 os.environ.setdefault("SWE_REX_LOG_STREAM_LEVEL", "WARNING")  # before swerex sets up its loggers
@@ -54,6 +54,7 @@ from swerex.deployment.local import LocalDeployment
 from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
 from swerex.runtime.remote import RemoteRuntime
 
+from common import emit as common_emit
 from uniagent.sandbox import Sandbox, create
 from uniagent.sandbox.swerex import free_port
 
@@ -63,8 +64,7 @@ GOAL_LOCAL_P50_MS = 2.0
 GOAL_SWEREX_VS_LOCAL = 50.0
 
 
-def emit(figure: str, value: Any, unit: str | None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from common import emit as common_emit
 from uniagent.sandbox import create, procs
 from uniagent.sandbox.base import Sandbox
 
@@ -38,8 +39,7 @@ BENCH = "sandbox_footprint"
 BUSY = "python3 -c 'import json, re, subprocess, time; time.sleep(4)' &"
 
 
-def emit(figure: str, value: Any, unit: str | None = None, **context: Any) -> None:
-    print(json.dumps({"bench": BENCH, "figure": figure, "value": value, "unit": unit, **context}), flush=True)
+emit = partial(common_emit, BENCH)
 
 
 def percentile(xs: list[float], q: float) -> float:

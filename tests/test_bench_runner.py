@@ -28,6 +28,7 @@ sys.path.insert(0, str(BENCH))  # the bench's modules import each other as scrip
 import runner  # noqa: E402
 import runner_figures  # noqa: E402
 import runner_probe  # noqa: E402
+import runner_workload  # noqa: E402
 
 US, PEER = runner_figures.US, runner_figures.PEER
 
@@ -59,12 +60,12 @@ def test_script_is_ten_turns_eight_explorations_gold_patch_submit():
     assert len(tasks) == 18
     parser = get_parser("hermes")
     for task in tasks:
-        calls = [c for text in runner.script_turns(task) for c in parser.parse(text).calls]
+        calls = [c for text in runner_workload.script_turns(task) for c in parser.parse(text).calls]
         assert [c.name for c in calls] == ["bash"] * 9 + ["submit"]
         assert calls[8].arguments["command"].startswith("git apply <<'UA_EOF'\n")
         assert task.row["patch"] in calls[8].arguments["command"]
-    assert runner.samples_for(1, 18) == 1 and runner.samples_for(100, 18) == 6
-    assert runner.samples_for(1000, 18) == 56
+    assert runner_workload.samples_for(1, 18) == 1 and runner_workload.samples_for(100, 18) == 6
+    assert runner_workload.samples_for(1000, 18) == 56
 
 
 @needs_bwrap
@@ -150,6 +151,20 @@ def test_an_unresolved_episode_voids_the_figures_and_fails_the_exit(monkeypatch,
     assert pick(lines, "ok")[0]["value"] is False
 
 
+@needs_bwrap
+def test_kill_resume_at_a_tiny_size_stores_every_pair_once(monkeypatch, capsys):
+    # Two waves of two 5-second episodes: the kill lands in the second whatever the seeded jitter.
+    argv = ("--kill-resume", "--no-peer", "--levels", "2", "--samples-per-level", "2", "--delay", "0.5")
+    rc = run_main(monkeypatch, *argv, "--survivor-wait", "5")
+    lines = lines_of(capsys.readouterr().out)
+    (report,) = pick(lines, "kill_resume")
+    assert rc == 0, report
+    value = report["value"]
+    assert value["killed"] and value["stored_after_resume"] == value["episodes"] == 4
+    assert value["duplicates"] == value["missing"] == value["unresolved"] == 0
+    assert not value["bwrap_survivors"]
+
+
 def test_gate_voids_ratios_and_goals_resting_on_an_unresolved_run(capsys):
     good = {"all_resolved": True, "episodes_per_min": 200.0, "episodes_per_min_with_startup": 150.0}
     bad = {**good, "all_resolved": False}
@@ -209,8 +224,8 @@ def test_kill_resume_checker_finds_duplicates_missing_and_unresolved(tmp_path):
 
 @pytest.mark.parametrize("level,tasks,samples", [(1, 18, 1), (100, 18, 6), (1000, 18, 56)])
 def test_levels_match_the_issue_table(level, tasks, samples):
-    assert runner.samples_for(level, tasks) * tasks == {1: 18, 100: 108, 1000: 1008}[level]
-    assert samples == runner.samples_for(level, tasks)
+    assert runner_workload.samples_for(level, tasks) * tasks == {1: 18, 100: 108, 1000: 1008}[level]
+    assert samples == runner_workload.samples_for(level, tasks)
 
 
 def _stopped(proc: subprocess.Popen[bytes]) -> None:

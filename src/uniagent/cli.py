@@ -86,22 +86,21 @@ app.add_typer(tasks_app, name="tasks")
 @tasks_app.command("list")
 def tasks_list() -> None:
     """List the bundled suites (use them as `--tasks builtin:NAME`)."""
-    from uniagent.tasks.loading import load_rows
-    from uniagent.tasks.registry import SUITES
+    from uniagent.tasks.registry import SUITES, read_rows
 
     table = Table(title="bundled task suites")
     for col in ("suite", "family", "tasks", "description"):
         table.add_column(col)
     for name, entry in SUITES.items():
         suite = SUITES.load(name)
-        n = len(load_rows(suite.path)) if suite.path.exists() else 0
+        n = len(read_rows(suite.path, suite.family)) if suite.path.exists() else 0
         table.add_row(f"builtin:{name}", suite.family, str(n), entry.help)
     console.print(table)
 
 
 @tasks_app.command("show")
 def tasks_show(
-    suite: str = typer.Argument(..., help="builtin:NAME or a task file"),
+    suite: str = typer.Argument(..., help="builtin:NAME, harbor:DIR or a task file"),
     instance: str | None = typer.Argument(None, help="one instance id: show its full row"),
 ) -> None:
     """List a suite's tasks, or show one task."""
@@ -118,7 +117,7 @@ def tasks_show(
     for col in ("instance_id", "family", "summary"):
         table.add_column(col)
     for t in tasks:
-        text = str(t.row.get("problem_statement") or t.row.get("question") or "")
+        text = str(t.row.get("problem_statement") or t.row.get("question") or t.row.get("task") or "")
         table.add_row(t.instance_id, t.family, " ".join(text.split())[:90])
     console.print(table)
 
@@ -154,7 +153,7 @@ def tokens_check(
     def ids(key: str) -> str:
         return ", ".join(f"{t['text']} ({t['id']})" for t in report[key]) or "-"
 
-    colour = {"append-only": "green", "stateful": "yellow", "rewriting": "yellow", "refused": "red"}
+    colour = {"append_only": "green", "stateful": "yellow", "rewriting": "yellow", "refused": "red"}
     rows = [
         ("end of turn", ids("end_of_turn")),
         ("end of the last turn", ids("final_end_of_turn")),
@@ -166,7 +165,8 @@ def tokens_check(
         ("renders tool calls / tool role", f"{report['renders_tool_calls']} / {report['renders_tool_role']}"),
         (
             "template",
-            f"[{colour[report['kind']]}]{report['kind']}[/] (on a {report['decided_on']} conversation)",
+            f"[{colour[report['kind']]}]{report['kind']}[/]"
+            + (f" (on a {report['decided_on']} conversation)" if report["decided_on"] else ""),
         ),
         ("why", report["reason"]),
         ("codec", f"[bold]{report['codec_action']}[/]"),
@@ -178,12 +178,16 @@ def tokens_check(
 
 @app.command()
 def verify(
-    tasks: str = typer.Option(..., "--tasks", help="builtin:starter or a task file (JSONL, JSON, parquet)"),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="builtin:starter, harbor:DIR or a task file (JSONL, JSON, parquet)"
+    ),
     predictions: Path | None = typer.Option(
         None, help="SWE-bench predictions JSONL (instance_id, model_patch)"
     ),
     output: Path = typer.Option(Path("verify_out"), help="where report.json goes"),
-    gold: bool = typer.Option(False, "--gold", help="grade the rows' own gold patches"),
+    gold: bool = typer.Option(
+        False, "--gold", help="grade the rows' own gold patches (Harbor: solution/solve.sh)"
+    ),
     concurrency: int = typer.Option(4, min=1, help="sandboxes at once"),
     sandbox: str = typer.Option(
         "local", help=f"sandbox type for rows without an image: {' | '.join(BACKENDS)}"
@@ -198,6 +202,7 @@ def verify(
     from uniagent.config import set_dotted
     from uniagent.sandbox.config import parse_config
     from uniagent.tasks import load_tasks
+    from uniagent.tasks.harbor import HarborTask
     from uniagent.tasks.swe import SweTask
     from uniagent.tasks.verify import load_predictions
     from uniagent.tasks.verify import verify as run_verify
@@ -205,9 +210,9 @@ def verify(
     if gold == (predictions is not None):
         raise UniAgentError("give either --predictions FILE or --gold")
     loaded = load_tasks(tasks)
-    swe = [t for t in loaded if isinstance(t, SweTask)]
+    swe = [t for t in loaded if isinstance(t, SweTask | HarborTask)]
     if not swe:
-        raise UniAgentError(f"{tasks} has no SWE-style tasks to verify")
+        raise UniAgentError(f"{tasks} has no SWE-style or Harbor tasks to verify")
     settings: dict[str, Any] = {"sandbox": {"type": sandbox}}
     for item in set_:
         key, sep, raw = item.partition("=")
@@ -234,7 +239,7 @@ def verify(
 
 @app.command()
 def run(
-    tasks: str | None = typer.Option(None, help="builtin:starter, builtin:search or a task file"),
+    tasks: str | None = typer.Option(None, help="builtin:NAME, harbor:DIR or a task file"),
     model: str | None = typer.Option(None, help=f"model spec: {kinds_help()}"),
     sandbox: str | None = typer.Option(None, help=BACKENDS.choices()),
     concurrency: int | None = typer.Option(None, min=1, help="episodes at once"),

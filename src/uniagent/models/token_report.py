@@ -2,7 +2,8 @@
 
 `uniagent tokens check SPEC` prints this: the end-of-turn tokens the codec derives from the
 template (never the tokenizer's `eos_token`, which is often wrong), how BOS is handled, whether
-the template is append-only, stateful or rewriting (`uniagent.tokens.classify`), and so whether
+the template is append-only, stateful or rewriting (`uniagent.tokens.template_kind`, the
+classification the codec itself runs), and so whether
 the codec appends (fast path), re-renders or refuses.
 """
 
@@ -14,7 +15,6 @@ from typing import Any
 from uniagent.errors import TemplateError
 from uniagent.models.loading import load_tokenizer, resolve_model
 from uniagent.tokens import ChatCodec
-from uniagent.tokens.classify import classify_template
 
 
 def token_report(spec: str | None, template_file: Path | None = None) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def token_report(spec: str | None, template_file: Path | None = None) -> dict[st
     except TemplateError as exc:
         raise TemplateError(f"{exc}; give one with --template FILE") from exc
     facts = codec.facts
-    kind = classify_template(tokenizer, codec.chat_template)
+    kind = codec.kind
 
     def tokens(ids: list[int] | tuple[int, ...]) -> list[dict[str, Any]]:
         return [{"id": i, "text": codec.decode([i])} for i in ids]
@@ -48,7 +48,7 @@ def token_report(spec: str | None, template_file: Path | None = None) -> dict[st
         "kind": kind.kind,
         "decided_on": kind.conversation,
         "at_message": kind.at_message,
-        "reason": kind.reason,
+        "reason": kind.evidence,
         "codec_action": kind.action,
     }
 

@@ -45,7 +45,9 @@ class TasksConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: SuiteSpec = Field("builtin:starter", description="builtin:NAME or a task file")
+    spec: SuiteSpec = Field(
+        "builtin:starter", description="builtin:NAME, harbor:DIR (Harbor task directories) or a task file"
+    )
     family: str | None = None
     limit: int | None = Field(None, ge=1)
     ids: list[str] | None = None

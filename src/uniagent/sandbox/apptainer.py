@@ -31,6 +31,11 @@ class ApptainerSandbox(ContainerSandbox):
         return shutil.which("apptainer") or shutil.which("singularity") or "apptainer"
 
     async def _prepare_image(self) -> None:
+        if self.config.build:
+            raise SandboxStartError(
+                f"image {self.config.image!r} must be built from {self.config.build}: apptainer cannot "
+                "build a Dockerfile here; build it with docker or podman, or run with runtime docker/podman"
+            )
         self._image_ref = self._image()
 
     def _exec_argv(self, argv: list[str]) -> list[str]:

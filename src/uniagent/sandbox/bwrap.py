@@ -40,6 +40,10 @@ class LocalConfig(SandboxConfig):
     ro_binds: list[str] = Field(
         default_factory=list, description="extra host paths bound read-only at the same path"
     )
+    tmpfs: list[str] = Field(
+        default_factory=list,
+        description="absolute paths given private writable directories (a Harbor task's /tests, /logs)",
+    )
     env_allowlist: list[str] = Field(
         default_factory=lambda: ["LANG", "LC_ALL", "TZ"],
         description="host variables passed through; everything else is scrubbed",
@@ -112,6 +116,8 @@ def bwrap_args(cfg: LocalConfig, workspace: Path, ctl: Path, workdir: str) -> li
             if os.path.exists(f):
                 args += ["--ro-bind", "/dev/null", f]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
+    for path in cfg.tmpfs:
+        args += ["--tmpfs", path]
     # After the private /tmp: an environment living under /tmp must not be hidden by it.
     extra = list(cfg.ro_binds)
     if cfg.host_python:

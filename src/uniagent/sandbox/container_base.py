@@ -34,6 +34,12 @@ class ContainerConfig(SandboxConfig):
     network: bool = False
     run_args: list[str] = Field(default_factory=list, description="extra arguments for `run`")
     executable: str | None = Field(None, description="path of the CLI when not on PATH")
+    build: str | None = Field(
+        None,
+        description="a directory with a Dockerfile: `image` is built from it when missing (docker, podman; "
+        "a Harbor task's environment)",
+    )
+    build_timeout_s: float = Field(600.0, gt=0, description="how long that build may take")
 
 
 CLI_TIMEOUT_S = 60.0

@@ -23,7 +23,6 @@ import io
 import logging
 import os
 import resource
-import shutil
 import socket
 import tarfile
 import threading
@@ -35,6 +34,7 @@ from typing import IO
 
 from uniagent.errors import SandboxDeadError, SandboxError, SandboxStartError
 from uniagent.sandbox.container_base import CliResult, ContainerSandbox, run_cli
+from uniagent.sandbox.container_tar import tar_dir, untar_to
 from uniagent.sandbox.procs import quote, spawn
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,10 @@ class OciSandbox(ContainerSandbox):
     async def _prepare_image(self) -> None:
         cfg = self.config
         present = (await self._cli("image", "inspect", cfg.image)).ok
-        if present and cfg.pull != "always":
+        if present and (cfg.pull != "always" or cfg.build):
+            return
+        if cfg.build:
+            await self._build_image()
             return
         if cfg.pull == "never":
             raise SandboxStartError(
@@ -128,6 +131,26 @@ class OciSandbox(ContainerSandbox):
                 if attempt < cfg.start_retries:
                     await asyncio.sleep(min(1.0 * 2**attempt, 10))
         raise SandboxStartError(f"`{self.runtime} pull {cfg.image}` failed: {res.message()}")
+
+    async def _build_image(self) -> None:
+        """`image` built from the `build` directory's Dockerfile, once per image at a time (the
+        pull locks); its base image is pulled only if missing and `pull` allows it."""
+        cfg = self.config
+        assert cfg.build and cfg.image
+        locks = _PULL_LOCKS.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault((self.cli, cfg.image), asyncio.Lock()):
+            if (await self._cli("image", "inspect", cfg.image)).ok:
+                return  # another sandbox built it while we waited
+            pull = (
+                []
+                if self.runtime == "docker"
+                else ["--pull=never" if cfg.pull == "never" else "--pull=missing"]
+            )
+            res = await self._cli("build", *pull, "-t", cfg.image, cfg.build, timeout=cfg.build_timeout_s)
+        if not res.ok:
+            raise SandboxStartError(
+                f"`{self.runtime} build -t {cfg.image} {cfg.build}` failed: {res.message()}"
+            )
 
     def _keeper(self) -> list[str]:
         """PID 1: sleeps in `wait` (which reaps orphans), exits on TERM/INT/HUP, and, with a
@@ -256,7 +279,7 @@ class OciSandbox(ContainerSandbox):
         self._check_running()
         target = self._abs(dest)
         await self._checked(f"mkdir -p -- {quote(target)}", f"uploading to {dest}")
-        res = await self._stream_cli(["cp", "-", f"{self.name}:{target}"], feed=lambda f: _tar_dir(src, f))
+        res = await self._stream_cli(["cp", "-", f"{self.name}:{target}"], feed=lambda f: tar_dir(src, f))
         if not res.ok:
             raise await self._cp_failed(res, f"uploading {src} to {dest}")
 
@@ -265,7 +288,7 @@ class OciSandbox(ContainerSandbox):
         self._check_running()
         dest = Path(dest)
         args = ["cp", *(["-L"] if self.runtime == "docker" else []), f"{self.name}:{self._abs(src)}", "-"]
-        res = await self._stream_cli(args, drain=lambda f: _untar_to(f, dest))
+        res = await self._stream_cli(args, drain=lambda f: untar_to(f, dest))
         if not res.ok:
             raise await self._cp_failed(res, f"downloading {src}")
 
@@ -328,45 +351,6 @@ class OciSandbox(ContainerSandbox):
                 raise SandboxError(f"`{self.runtime} {args[0]}` archive problem: {exc}") from exc
             raise exc
         return res
-
-
-def _tar_dir(src: Path, out: IO[bytes]) -> None:
-    """Write `src`'s contents (not `src` itself) as a tar stream."""
-    with tarfile.open(fileobj=out, mode="w|") as tar:
-        for child in sorted(src.iterdir()):
-            tar.add(child, arcname=child.name)
-
-
-def _untar_to(stream: IO[bytes], dest: Path) -> None:
-    """Unpack a `cp` stream into `dest`. `cp` names its top entry after the source (or,
-    podman, after a link's target): that entry becomes `dest` itself."""
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        top: str | None = None
-        for member in tar:
-            name = member.name.removeprefix("./").rstrip("/")
-            if top is None:
-                top = name
-                if member.isfile():
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    with open(dest, "wb") as out:
-                        shutil.copyfileobj(f, out)
-                    os.chmod(dest, member.mode & 0o777)
-                    return
-                if not member.isdir():
-                    raise SandboxError(f"cannot download {member.name}: not a file or directory")
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            if name == top or not name.startswith(top + "/"):
-                continue
-            member.name = name[len(top) + 1 :]
-            if member.islnk():  # hard links name their target by its path in the stream
-                link = member.linkname.removeprefix("./")
-                if not link.startswith(top + "/"):
-                    continue
-                member.linkname = link[len(top) + 1 :]
-            tar.extract(member, dest, filter="data")
 
 
 async def reap_leaked(

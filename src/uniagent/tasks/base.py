@@ -24,6 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Literal
 
+from uniagent.agent.config import AgentConfig
 from uniagent.agent.result import EpisodeResult, Reward
 from uniagent.errors import SandboxError
 from uniagent.sandbox.base import Sandbox
@@ -64,6 +65,11 @@ class Task(ABC):
         """The sandbox this task needs (a backend's typed config), starting from the run's sandbox
         settings (None: the default local sandbox)."""
         return parse_config(base)
+
+    def agent_config(self, config: AgentConfig) -> AgentConfig:
+        """The run's agent budgets as this task needs them (a task format with its own agent
+        timeout narrows `wall_time_s`); by default the run's, unchanged."""
+        return config
 
     @abstractmethod
     def messages(self) -> list[dict[str, Any]]:

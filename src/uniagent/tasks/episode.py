@@ -47,11 +47,14 @@ async def run_episode(
     text-level one keeps no token record) makes an otherwise trainable episode untrainable
     (`metrics.untrainable_reason: text_only_model`, `metrics.text_only_model`), wherever it runs."""
     agent = agent or REACT
-    config = config or AgentConfig()
     grade_cfg = sandbox  # a grading sandbox is the task's, without what the agent binds in
     metrics: dict[str, Any] = {"instance_id": task.instance_id, "agent_kind": agent.name}
     t0 = time.perf_counter()
     result: EpisodeResult | None = None
+    try:  # a task setting the agent cannot honour is this episode's error, never a reward
+        config = task.agent_config(config or AgentConfig())
+    except Exception as exc:
+        return failed_result(task, ExitReason.INTERNAL_ERROR, f"agent config: {exc}", metrics)
     try:  # the agent's hook (`Agent.prepare_sandbox`): one that runs inside the sandbox binds in
         sandbox = agent.prepare_sandbox(task.sandbox_config(sandbox))
     except Exception as exc:

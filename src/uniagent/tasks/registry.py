@@ -21,6 +21,7 @@ FAMILIES = Registry(
         "r2e_gym": Entry("uniagent.tasks.r2e_gym:R2EGymTask", "R2E-Gym rows (docker_image)"),
         "search": Entry("uniagent.tasks.search:SearchTask", "questions answered by searching a corpus"),
         "lookup": Entry("uniagent.tasks.lookup:LookupTask", "read files, finish with the code they hold"),
+        "harbor": Entry("uniagent.tasks.harbor:HarborTask", "Harbor task directories (harbor:DIR)"),
     },
 )
 
@@ -56,6 +57,10 @@ SUITES = Registry(
         "lookup": Entry(
             Suite("lookup/chain.jsonl", "lookup"),
             "RL: cat note.txt, cat the file it names, finish with its random code (3 tool turns)",
+        ),
+        "harbor": Entry(
+            Suite("harbor", "harbor"),
+            "Harbor task directories: a file edit, a service's config, a pytest-graded program",
         ),
         "lookup-easy": Entry(
             Suite("lookup/easy.jsonl", "lookup"),
@@ -93,7 +98,18 @@ def resolve_suite(spec: str) -> tuple[Path, str | None, dict[str, Any]]:
             raise SUITES.unknown(spec, ", ".join("builtin:" + s for s in SUITES))
         suite: Suite = SUITES.load(name)
         return suite.path, suite.family, dict(suite.defaults)
+    if spec.startswith("harbor:"):
+        return Path(spec.split(":", 1)[1]), "harbor", {}
     return Path(spec), None, {}
+
+
+def read_rows(path: Path, family: str | None) -> list[dict[str, Any]]:
+    """A suite's rows: a rows file, or for Harbor one row per task directory."""
+    if family == "harbor":
+        from uniagent.tasks.harbor_config import task_rows
+
+        return task_rows(path)
+    return load_rows(path)
 
 
 SuiteSpec = SUITES.field_type(resolve_suite)
@@ -104,9 +120,9 @@ file is checked when it is read)."""
 def load_tasks(
     spec: str, family: str | None = None, limit: int | None = None, ids: list[str] | None = None
 ) -> list[Task]:
-    """`builtin:starter`, or a task file; `family` overrides detection."""
+    """`builtin:starter`, `harbor:DIR`, or a task file; `family` overrides detection."""
     path, suite_family, defaults = resolve_suite(spec)
-    rows = load_rows(path)
+    rows = read_rows(path, family or suite_family)
     tasks: list[Task] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):

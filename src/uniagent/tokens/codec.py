@@ -11,35 +11,28 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from dataclasses import replace
 from typing import Any
 
 from uniagent.errors import TemplateError
 from uniagent.tokens.chunked import chunked_encoder, plain_encoder
-from uniagent.tokens.probe import ASSISTANT_MARKER, TemplateFacts, probe_template
+from uniagent.tokens.probe import TemplateFacts, continuation_text, probe_template, special_ids
+from uniagent.tokens.render import Messages, Tools, render_chat
+from uniagent.tokens.template_kind import TemplateKind, classify
 
-Messages = list[dict[str, Any]]
-Tools = list[dict[str, Any]] | None
-
-_FACTS: dict[tuple[Any, ...], TemplateFacts] = {}
+_FACTS: dict[tuple[Any, ...], tuple[TemplateFacts, TemplateKind]] = {}
 _FACTS_LOCK = threading.Lock()
 
 
 def _renders_content(content: str, text: str) -> bool:
-    """`content` is in `text` as-is or as a JSON string (Llama 3.1 writes tool results `| tojson`,
-    a string with a newline becomes `"a\\nb"`)."""
+    """`content` is in `text` as-is or as a JSON string literal's body: Llama 3.1 writes tool results
+    `| tojson` and gpt-oss writes JSON-string tool results as a literal, so a string with a newline
+    becomes `"a\\nb"` (and non-ASCII text `\\uXXXX`, or kept as-is)."""
     return (
         content in text
         or json.dumps(content)[1:-1] in text
         or json.dumps(content, ensure_ascii=False)[1:-1] in text
     )
-
-
-def _shape(messages: Messages) -> str:
-    parts = []
-    for m in messages:
-        role = m.get("role", "?")
-        parts.append(f"{role}+tool_calls" if m.get("tool_calls") else role)
-    return " -> ".join(parts) or "(empty)"
 
 
 class ChatCodec:
@@ -71,32 +64,21 @@ class ChatCodec:
             repr(sorted(self.template_kwargs.items())),
         )
         with _FACTS_LOCK:
-            facts = _FACTS.get(key)
-            if facts is None:
+            found = _FACTS.get(key)
+            if found is None:
                 facts = probe_template(self.render, self.encode, tokenizer)
-                _FACTS[key] = facts
-        self.facts = facts
-        self._boundary_ids = self._after_eot_ids(facts.boundary_text)
+                kind = classify(self.render, facts)
+                found = _FACTS[key] = (replace(facts, stateful=kind.stateful), kind)
+        self.facts, self._kind = found
+        self._boundary_ids = self._after_eot_ids(self.facts.boundary_text)
+        self._special = special_ids(tokenizer)
 
     # -- primitives -----------------------------------------------------------------------
     def render(self, messages: Messages, tools: Tools = None, add_generation_prompt: bool = True) -> str:
         """The template's own text for `messages`; template failures become `TemplateError`."""
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools or None,
-                chat_template=self.chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **self.template_kwargs,
-            )
-        except TemplateError:
-            raise
-        except Exception as exc:  # jinja raises many types; all mean "cannot render this"
-            raise TemplateError(
-                f"the chat template cannot render messages shaped {_shape(messages)}"
-                f"{' with tools' if tools else ''}: {type(exc).__name__}: {exc}"
-            ) from exc
+        return render_chat(
+            self.tokenizer, self.chat_template, self.template_kwargs, messages, tools, add_generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text the way `apply_chat_template(tokenize=True)` does."""
@@ -116,11 +98,23 @@ class ChatCodec:
         """What to pass as `SamplingParams.stop_token_ids`: the end-of-turn, never `eos_token`.
 
         Templates that end the final turn differently from turns in history (gpt-oss's
-        `<|return|>` vs `<|end|>`) contribute both.
+        `<|return|>` vs `<|end|>`), or a turn that calls a tool differently (gpt-oss's `<|call|>`),
+        contribute each; where the template also writes that end-of-turn inside one turn (gpt-oss
+        closes its analysis message with `<|end|>`, then calls a tool in the same turn), only the
+        turn's own ends stop it (`<|return|>`, `<|call|>`).
         """
-        ids = list(self.facts.eot_ids[-1:])
-        ids += [i for i in self.facts.final_eot_ids[:1] if i not in ids]
-        return ids
+        facts = self.facts
+        ends = [*facts.final_eot_ids[:1], *facts.call_eot_ids]
+        if facts.eot_inside_turn and facts.final_eot_ids and facts.call_eot_ids:
+            return ends  # the end-of-turn also closes a message inside a turn: not a stop
+        ids = list(facts.eot_ids[-1:])
+        return ids + [i for i in ends if i not in ids]
+
+    @property
+    def kind(self) -> TemplateKind:
+        """append_only / stateful / rewriting / refused, with the render that showed it and the
+        codec's action (template_kind.py)."""
+        return self._kind
 
     @property
     def boundary_ids(self) -> list[int]:
@@ -143,34 +137,41 @@ class ChatCodec:
             raise TemplateError("cannot build a prompt from an empty conversation")
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
-    def continuation_ids(self, new_messages: Messages, tools: Tools = None) -> list[int]:
+    def continuation_ids(
+        self,
+        new_messages: Messages,
+        tools: Tools = None,
+        history: Messages | None = None,
+        held_ids: list[int] | None = None,
+    ) -> list[int]:
         """Ids to append right after a generation that ended with the end-of-turn token.
 
         Boundary + new messages + generation prompt, rendered after a probe assistant turn so
-        that the history is never rendered again.
+        that the history is never rendered again. A stateful template (`facts.stateful`) renders a
+        message differently after its real history: given `history` (the messages `held_ids`
+        stand for, ending with the assistant turn just generated), the whole conversation is
+        rendered and what it writes after that turn is appended, so the running sequence stays
+        the template's own render. Where the render does not extend the history's (the template
+        rewrites an earlier turn), the fast path is used and the difference is reported as
+        drift, as for any rewriting template.
         """
         if not new_messages:
             raise TemplateError("continuation needs at least one new message")
-        probe = [
-            *self.facts.prefix_messages(),
-            {"role": "assistant", "content": ASSISTANT_MARKER},
-            *new_messages,
-        ]
-        text = self.render(probe, tools, add_generation_prompt=True)
-        at = text.find(ASSISTANT_MARKER)
-        if at < 0:
-            raise TemplateError(
-                f"the chat template dropped the previous assistant turn when rendering {_shape(new_messages)}"
-            )
-        after = text[at + len(ASSISTANT_MARKER) :]
-        eot = self.facts.eot_text
-        if not after.startswith(eot):
-            raise TemplateError(
-                "the chat template does not end the previous assistant turn with "
-                f"{eot!r} when followed by {_shape(new_messages)}; got {after[:40]!r}"
-            )
+        if self.facts.stateful and history is not None and held_ids:
+            ids = self._after_held(history, new_messages, tools, held_ids)
+            if ids is not None:
+                return ids
+        try:
+            after = continuation_text(self.render, self.facts, new_messages, tools)
+        except TemplateError as exc:
+            if any(m.get("role") == "tool" for m in new_messages) and not self.renders_tool_role:
+                raise TemplateError(
+                    "the chat template has no tool role, so a tool result cannot follow an assistant "
+                    f"turn (the template's rule: {exc}); use a template that renders tool results"
+                ) from exc
+            raise
         self._check_rendered(new_messages, after)
-        return self._after_eot_ids(after[len(eot) :])
+        return self._after_eot_ids(after)
 
     def drift(self, messages: Messages, token_ids: list[int], tools: Tools = None) -> int | None:
         """First index where `token_ids` differs from a full render of `messages`, else None.
@@ -194,6 +195,35 @@ class ChatCodec:
         return None if ends_with_assistant else len(token_ids)
 
     # -- helpers --------------------------------------------------------------------------
+    def _after_held(
+        self, history: Messages, new_messages: Messages, tools: Tools, held_ids: list[int]
+    ) -> list[int] | None:
+        """What a full render of history + new messages writes after the history's last turn, or
+        None where that render does not show the turn's end where the held ids have it.
+
+        The held ids end with the last turn's stop token, a special token; the render is cut
+        after its n-th occurrence of that token's text, n being its count in the held ids (a
+        special token's text always encodes as that token, so the counts agree wherever the held
+        ids are the template's render). One render per turn and only the new part tokenized, behind
+        the stop token so that it splits as in context; the held ids are not re-encoded: where they
+        differ from the history's render, the drift check reports it, as for any continuation."""
+        last = held_ids[-1]
+        if last not in self._special:
+            return None
+        stop = self.tokenizer.convert_ids_to_tokens(last)
+        text = self.render([*history, *new_messages], tools, add_generation_prompt=True)
+        at = -1
+        for _ in range(held_ids.count(last)):
+            at = text.find(stop, at + 1)
+            if at < 0:
+                return None
+        after = text[at + len(stop) :]
+        if not after:
+            return None
+        self._check_rendered(new_messages, after)
+        ids = self.encode(stop + after)
+        return ids[1:] if ids[:1] == [last] else self.encode(after)
+
     def _after_eot_ids(self, text: str) -> list[int]:
         """Tokenize text that follows the end-of-turn exactly as it tokenizes in context.
 
@@ -210,7 +240,8 @@ class ChatCodec:
 
     @staticmethod
     def _check_rendered(new_messages: Messages, text: str) -> None:
-        """A template that silently drops a message would train on a lie; refuse instead."""
+        """A template that silently drops a message would train on a lie; refuse instead. Content
+        a template writes as a JSON string literal (gpt-oss's tool results) counts as rendered."""
         for message in new_messages:
             content = message.get("content")
             if isinstance(content, str) and content.strip() and not _renders_content(content.strip(), text):

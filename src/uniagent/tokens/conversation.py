@@ -161,7 +161,9 @@ class TokenConversation:
         context: list[tuple[list[int], str]] = []
         if seg.cut_turn:  # the last turn stopped without its end-of-turn: close it as context
             context.append((self.codec.eot_ids, "assistant"))
-        context.append((self._continuation(new, tools), new[0].get("role", "context")))
+        # the running ids so far: only a stateful template needs them (an O(length) copy)
+        held = seg.token_ids + [t for ids, _ in context for t in ids] if self.codec.facts.stateful else []
+        context.append((self._continuation(seg.messages, new, tools, held), new[0].get("role", "context")))
         prompt = seg.token_ids + [t for ids, _ in context for t in ids]
         return Plan(seg, "", seg.trajectory.chain, prompt, context, keys, messages, tools)
 
@@ -189,15 +191,21 @@ class TokenConversation:
             prefix = seg.token_ids[: seg.turn_ends[cut]]
             if prefix[-1:] and prefix[-1] not in self.stop_ids:
                 prefix = prefix + self.codec.eot_ids  # that turn was cut: close it as context
-            prompt = prefix + self._continuation(messages[cut + 1 :], tools)
+            prompt = prefix + self._continuation(messages[: cut + 1], messages[cut + 1 :], tools, prefix)
             traj = seg.trajectory
             mask = (seg.prompt_mask or [0] * len(traj.prompt_ids)) + traj.response_mask
             mask = mask[: seg.turn_ends[cut]] + [0] * (len(prompt) - seg.turn_ends[cut])
             return Plan(None, "rollback", traj.chain, prompt, [], keys, messages, tools, mask)
         return None
 
-    def _continuation(self, new: Messages, tools: Tools) -> list[int]:
-        return self.codec.continuation_ids(new, self.template_tools(tools))
+    def _continuation(self, history: Messages, new: Messages, tools: Tools, held: list[int]) -> list[int]:
+        """The ids after `held` (the tokens of `history`) for `new`. A stateful template
+        (`codec.facts.stateful`) is given the history as a full render sees it."""
+        if not self.codec.facts.stateful:
+            return self.codec.continuation_ids(new, self.template_tools(tools))
+        shown, shown_tools = self.full_view([*history, *new], tools)
+        k = len(shown) - len(new)
+        return self.codec.continuation_ids(shown[k:], shown_tools, history=shown[:k], held_ids=held)
 
     def template_tools(self, tools: Tools) -> Tools:
         """The tools the template is given: all of them when it renders tools, else none."""

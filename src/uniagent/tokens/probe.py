@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniagent.errors import TemplateError
+from uniagent.tokens.render import shape
 
 ASSISTANT_MARKER = "UAPROBEASSISTANTMARKERQ"
 USER_MARKER = "UAPROBEUSERMARKERQ"
 NEXT_MARKER = "UAPROBENEXTMARKERQ"
 SYSTEM_MARKER = "UAPROBESYSTEMMARKERQ"
 TOOL_NAME = "uaprobefunctionq"
+ARGUMENT_MARKER = "UAPROBEARGUMENTQ"
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,15 @@ class TemplateFacts:
     generation_prompt: str
     renders_tool_calls: bool
     renders_tool_role: bool
+    call_eot_ids: tuple[int, ...] = ()  # end of a turn that calls a tool, where it differs (gpt-oss)
+    eot_inside_turn: bool = False  # the end-of-turn also ends a message inside one turn (gpt-oss)
+    stateful: bool = False  # a message renders differently alone: continuations need the history
 
     def prefix_messages(self) -> list[dict[str, Any]]:
         return [dict(m) for m in self.prefix]
 
 
-def _special_ids(tokenizer: Any) -> set[int]:
+def special_ids(tokenizer: Any) -> set[int]:
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     ids.update(int(i) for i, tok in decoder.items() if getattr(tok, "special", True))
@@ -106,7 +111,29 @@ def probe_template(render, encode, tokenizer: Any) -> TemplateFacts:
         renders_tool_role=_renders(
             render, [*prefix, assistant, {"role": "tool", "content": NEXT_MARKER}], tools
         ),
+        call_eot_ids=_call_eot_ids(render, encode, tokenizer, prefix, tools, eot_ids),
+        eot_inside_turn=_eot_inside_turn(render, prefix, tools, eot_text),
     )
+
+
+def continuation_text(render, facts: TemplateFacts, new_messages: list[dict[str, Any]], tools) -> str:
+    """What the template writes after an assistant turn's end-of-turn for `new_messages`, rendered
+    after the probe conversation (so that the history is never rendered again): boundary, the new
+    messages and the generation prompt. Exact for an append-only template only."""
+    probe = [*facts.prefix_messages(), {"role": "assistant", "content": ASSISTANT_MARKER}, *new_messages]
+    text = render(probe, tools, True)
+    at = text.find(ASSISTANT_MARKER)
+    if at < 0:
+        raise TemplateError(
+            f"the chat template dropped the previous assistant turn when rendering {shape(new_messages)}"
+        )
+    after = text[at + len(ASSISTANT_MARKER) :]
+    if not after.startswith(facts.eot_text):
+        raise TemplateError(
+            "the chat template does not end the previous assistant turn with "
+            f"{facts.eot_text!r} when followed by {shape(new_messages)}; got {after[:40]!r}"
+        )
+    return after[len(facts.eot_text) :]
 
 
 def _find_prefix(render, tools) -> list[dict[str, str]]:
@@ -137,7 +164,7 @@ def _split_end_region(end_region: str, encode, tokenizer: Any) -> tuple[str, lis
             "cannot be told apart from its content; give the template an end-of-turn token"
         )
     ids = encode(end_region)
-    special = _special_ids(tokenizer)
+    special = special_ids(tokenizer)
     if ids and ids[0] in special:
         eot_ids = [ids[0]]
         eot_text = tokenizer.convert_ids_to_tokens(ids[0])
@@ -170,18 +197,53 @@ def _renders(render, messages: list[dict[str, Any]], tools) -> bool:
         return False
 
 
-def _renders_tool_calls(render, prefix, tools) -> bool:
-    message = {
+def tool_call_message(content: str = "", x: Any = 1) -> dict[str, Any]:
+    """An assistant message calling the probe tool with argument `x`."""
+    return {
         "role": "assistant",
-        "content": "",
+        "content": content,
         "tool_calls": [
-            {
-                "id": "abcdefghi",
-                "type": "function",
-                "function": {"name": TOOL_NAME, "arguments": {"x": 1}},
-            }
+            {"id": "abcdefghi", "type": "function", "function": {"name": TOOL_NAME, "arguments": {"x": x}}}
         ],
     }
+
+
+def _call_eot_ids(render, encode, tokenizer: Any, prefix, tools, eot_ids: list[int]) -> tuple[int, ...]:
+    """The special token that ends a turn calling a tool, where it is not the plain end-of-turn
+    (gpt-oss ends one with `<|call|>`, a final answer with `<|return|>`): the last special token
+    the template writes after the call's argument both when the turn is last and when a tool
+    result follows (what comes after it depends on the next message; the turn's end does not)."""
+    message = tool_call_message(x=ARGUMENT_MARKER)
+    try:
+        alone = render([*prefix, message], tools, False)
+        followed = render([*prefix, message, {"role": "tool", "content": NEXT_MARKER}], tools, False)
+    except TemplateError:
+        return ()
+    at = alone.rfind(ARGUMENT_MARKER)
+    if at < 0 or followed.rfind(ARGUMENT_MARKER) != at:
+        return ()
+    same = at
+    while same < min(len(alone), len(followed)) and alone[same] == followed[same]:
+        same += 1
+    special = special_ids(tokenizer)
+    found = [i for i in encode(alone[at + len(ARGUMENT_MARKER) : same]) if i in special]
+    return (found[-1],) if found and found[-1] not in eot_ids else ()
+
+
+def _eot_inside_turn(render, prefix, tools, eot_text: str) -> bool:
+    """Whether the template writes the end-of-turn between the text of one assistant message and
+    its tool call (gpt-oss ends the analysis message with `<|end|>`, then the call follows in the
+    same turn): then it is no stop token for that template."""
+    try:
+        text = render([*prefix, tool_call_message(ASSISTANT_MARKER, ARGUMENT_MARKER)], tools, False)
+    except TemplateError:
+        return False
+    at, call = text.find(ASSISTANT_MARKER), text.rfind(ARGUMENT_MARKER)
+    return 0 <= at < call and eot_text in text[at + len(ASSISTANT_MARKER) : call]
+
+
+def _renders_tool_calls(render, prefix, tools) -> bool:
+    message = tool_call_message()
     try:
         return TOOL_NAME in render([*prefix, message], tools, False).replace(TOOL_NAME, "", 1 if tools else 0)
     except TemplateError:

@@ -1,0 +1,11 @@
+#!/bin/bash
+cat > /app/fizzbuzz.py <<'PY'
+def fizzbuzz(n: int) -> str:
+    if n % 15 == 0:
+        return "FizzBuzz"
+    if n % 3 == 0:
+        return "Fizz"
+    if n % 5 == 0:
+        return "Buzz"
+    return str(n)
+PY

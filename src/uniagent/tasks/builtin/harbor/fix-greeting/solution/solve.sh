@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i 's/wrold/world/' /app/greeting.txt
