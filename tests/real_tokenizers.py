@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,26 +85,6 @@ def codec(pair: str) -> Any:
         family, _ = PAIRS[pair]
         _CODECS[pair] = ChatCodec(tokenizer(family), chat_template=template(pair))
     return _CODECS[pair]
-
-
-STATEFUL = "stateful template: continuation != full render (codec part 2)"
-# Pairs whose template renders a message by what came before it (DeepSeek-V3's own template
-# opens the tool-outputs block only for the first tool result of the conversation), per test
-# group: the running continuation differs from the full render there until the codec renders
-# such templates' continuations in context.
-STATEFUL_XFAIL: dict[str, frozenset[str]] = {
-    "codec": frozenset({"deepseek_v3-own"}),
-}
-
-
-def params(group: str, pairs: tuple[str, ...] | None = None) -> list[Any]:
-    """`pytest.param`s of the real pairs for one test group, the known stateful failures marked
-    strict xfail (they must start passing once the codec handles them)."""
-    xfail = STATEFUL_XFAIL.get(group, frozenset())
-    return [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=STATEFUL)) if p in xfail else p
-        for p in (pairs or tuple(PAIRS))
-    ]
 
 
 def codec_or_smol(request: Any, smol: Any) -> Any:

@@ -31,7 +31,7 @@ def turn(conv: TokenConversation, gen: Gen, messages: list[dict[str, Any]], text
 CONVERSATION_PAIRS = ("qwen3-Qwen3-Coder", "llama3_1-own", "deepseek_v3-own", "gemma3-own")
 
 
-@pytest.fixture(scope="module", params=["smollm2", *real.params("conversation", CONVERSATION_PAIRS)])
+@pytest.fixture(scope="module", params=["smollm2", *CONVERSATION_PAIRS])
 def codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers with their templates."""
     return real.codec_or_smol(request, codec)

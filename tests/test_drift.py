@@ -18,7 +18,7 @@ from uniagent.tokens.drift import DriftReport, drift_report, episode_drift
 DRIFT_PAIRS = ("llama3_1-own", "deepseek_v3-own", "gemma3-own", "qwen3-Qwen3-Coder")
 
 
-@pytest.fixture(scope="module", params=["smollm2", *real.params("drift", DRIFT_PAIRS)])
+@pytest.fixture(scope="module", params=["smollm2", *DRIFT_PAIRS])
 def codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers with their templates."""
     return real.codec_or_smol(request, codec)

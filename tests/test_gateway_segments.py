@@ -37,7 +37,7 @@ from uniagent.tokens import ChatCodec, Trajectory
 GATEWAY_PAIRS = ("qwen3-Qwen3-Coder", "llama3_1-own", "deepseek_v3-own", "gemma3-own")
 
 
-@pytest.fixture(scope="module", params=["smollm2", *real.params("gateway", GATEWAY_PAIRS)])
+@pytest.fixture(scope="module", params=["smollm2", *GATEWAY_PAIRS])
 def codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers with their templates, behind the gateway."""
     return real.codec_or_smol(request, codec)

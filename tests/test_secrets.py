@@ -54,7 +54,7 @@ def assert_consistent(traj: dict[str, Any]) -> None:
 # -- the redactor on a trajectory ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["smollm2", *real.params("secrets", real.OWN_PAIRS)])
+@pytest.fixture(scope="module", params=["smollm2", *real.OWN_PAIRS])
 def pair_codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and each real tokenizer with its own template: their merges cut a secret
     into different tokens."""

@@ -53,7 +53,7 @@ STRING_ARGUMENTS = pytest.param(
 )
 
 
-@pytest.fixture(params=["smollm2", *real.params("token_chat", CHAT_PAIRS), STRING_ARGUMENTS])
+@pytest.fixture(params=["smollm2", *CHAT_PAIRS, STRING_ARGUMENTS])
 def chat_codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers whose templates take a tool role."""
     return real.codec_or_smol(request, codec)
