@@ -43,17 +43,11 @@ class ScriptedEngine:
         return Generation(ids, [-0.25] * len(ids), finish)
 
 
-CHAT_PAIRS = ("qwen3-own", "qwen3-Qwen3", "llama3_1-own", "deepseek_v3-own")
-# Not fixed here: a tool call's arguments reach the template as the OpenAI-format JSON string, and
-# Qwen2.5's template writes `arguments | tojson`, a string inside the JSON (Qwen3's writes a string
-# as-is, Qwen3-Coder's wants a mapping): which form a template wants is not probed yet.
-STRING_ARGUMENTS = pytest.param(
-    "qwen3-Qwen2.5",
-    marks=pytest.mark.xfail(strict=True, reason="template re-encodes string tool arguments (tojson)"),
-)
+# Qwen2.5's template writes `arguments | tojson`: the codec hands it the arguments as a mapping
+CHAT_PAIRS = ("qwen3-own", "qwen3-Qwen3", "qwen3-Qwen2.5", "llama3_1-own", "deepseek_v3-own")
 
 
-@pytest.fixture(params=["smollm2", *CHAT_PAIRS, STRING_ARGUMENTS])
+@pytest.fixture(params=["smollm2", *CHAT_PAIRS])
 def chat_codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers whose templates take a tool role."""
     return real.codec_or_smol(request, codec)

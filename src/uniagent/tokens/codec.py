@@ -17,7 +17,7 @@ from typing import Any
 from uniagent.errors import TemplateError
 from uniagent.tokens.chunked import chunked_encoder, plain_encoder
 from uniagent.tokens.probe import TemplateFacts, continuation_text, probe_template, special_ids
-from uniagent.tokens.render import Messages, Tools, render_chat
+from uniagent.tokens.render import Messages, Tools, template_renderer
 from uniagent.tokens.template_kind import TemplateKind, classify
 
 _FACTS: dict[tuple[Any, ...], tuple[TemplateFacts, TemplateKind]] = {}
@@ -55,6 +55,7 @@ class ChatCodec:
                 "pass chat_template=... (a Jinja string)"
             )
         self.template_kwargs = dict(template_kwargs or {})
+        self._render = template_renderer(tokenizer, self.chat_template, self.template_kwargs)
         # pieces between special tokens memoised where that is exact (tokens/chunked.py)
         self._encode = chunked_encoder(tokenizer) or plain_encoder(tokenizer)
         key = (
@@ -75,10 +76,9 @@ class ChatCodec:
 
     # -- primitives -----------------------------------------------------------------------
     def render(self, messages: Messages, tools: Tools = None, add_generation_prompt: bool = True) -> str:
-        """The template's own text for `messages`; template failures become `TemplateError`."""
-        return render_chat(
-            self.tokenizer, self.chat_template, self.template_kwargs, messages, tools, add_generation_prompt
-        )
+        """The template's own text for `messages`; template failures become `TemplateError`. Tool
+        call arguments go to the template as mappings where it `tojson`s them (tokens/render.py)."""
+        return self._render(messages, tools, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text the way `apply_chat_template(tokenize=True)` does."""

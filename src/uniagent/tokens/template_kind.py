@@ -37,7 +37,7 @@ from uniagent.tokens.probe import (
     probe_template,
     tool_call_message,
 )
-from uniagent.tokens.render import render_chat
+from uniagent.tokens.render import template_renderer
 
 Kind = Literal["append_only", "stateful", "rewriting", "refused"]
 
@@ -169,11 +169,7 @@ def classify_template(
     template = template or getattr(tokenizer, "chat_template", None)
     if not template or not isinstance(template, str):
         raise TemplateError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")
-    kwargs = dict(template_kwargs or {})
-
-    def render(messages, tools, add_generation_prompt):
-        return render_chat(tokenizer, template, kwargs, messages, tools, add_generation_prompt)
-
+    render = template_renderer(tokenizer, template, dict(template_kwargs or {}))
     encode = chunked_encoder(tokenizer) or plain_encoder(tokenizer)
     try:
         facts = probe_template(render, encode, tokenizer)
