@@ -9,21 +9,21 @@ from typing import Any
 
 import pytest
 
+import real_tokenizers as real
 from conftest import SHARED_TEMPLATES, require
-from real_tokenizers import folder
 from tokens_sim import TOOLS
 from uniagent.errors import TemplateError
 from uniagent.tokens import ChatCodec, TokenConversation, Trajectory
+from uniagent.tokens.render import mapping_arguments, wants_mapping_arguments
 from uniagent.tokens.template_kind import classify_template
 
 GPT_OSS = "openai-gpt-oss-120b"
 
 
-@functools.cache
 def tokenizer(family: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder(family))
+    """The family's tokenizer as uniagent loads it (DeepSeek-V3's keeps its spaces), shared with
+    the other real-tokenizer suites."""
+    return real.tokenizer(family)
 
 
 def template(name: str) -> str:
@@ -77,7 +77,11 @@ def run_episode(c: ChatCodec, messages: list[dict], tools=None) -> tuple[TokenCo
 
 
 def own_render(c: ChatCodec, messages: list[dict], tools=None) -> list[int]:
-    """The template's own tokenization (`apply_chat_template(tokenize=True)`), no codec involved."""
+    """The template's own tokenization (`apply_chat_template(tokenize=True)`), no codec involved;
+    tool call arguments as mappings where the template `tojson`s them (a string would come out as a
+    JSON string literal, which no model generates)."""
+    if wants_mapping_arguments(c.tokenizer, c.chat_template, c.template_kwargs):
+        messages = mapping_arguments(messages)
     out = c.tokenizer.apply_chat_template(
         messages, tools=tools, chat_template=c.chat_template, tokenize=True, add_generation_prompt=False
     )
@@ -223,17 +227,25 @@ def test_qwen3_keeps_thinking_within_a_query_and_drops_it_after():
 
 @pytest.mark.parametrize("arguments", ["dict", "string"])
 @pytest.mark.parametrize(("family", "name"), [("gptoss", GPT_OSS), ("qwen3", "Qwen-Qwen2.5-7B-Instruct")])
-def test_tool_arguments_render_as_the_template_writes_them(family, name, arguments):
-    """`tojson` of a dict is a JSON object; of a string (arguments already serialised) a JSON string
-    literal: the codec's episode holds exactly the template's bytes, either way."""
+def test_tool_arguments_reach_the_template_as_a_mapping(family, name, arguments):
+    """These templates write arguments `| tojson`: a mapping becomes the JSON object the model
+    generated, the OpenAI-format string (arguments already serialised) would become a JSON string
+    literal. The codec hands them a mapping either way, so the episode holds the model's bytes."""
     c = codec(family, name)
     messages = tool_episode(2, arguments)
     _, (segment,) = run_episode(c, messages, TOOLS)
     own = own_render(c, messages, TOOLS)
     assert segment.token_ids == own[: len(segment.token_ids)] and segment.drift is None
     literal = json.dumps({"command": "ls -la dir1"})
-    written = literal if arguments == "dict" else json.dumps(literal)
-    assert written in c.decode(segment.token_ids)
+    text = c.decode(segment.token_ids)
+    assert literal in text and json.dumps(literal) not in text
+
+
+def test_string_arguments_stay_strings_where_the_template_writes_them_as_is():
+    """DeepSeek-V3's own template writes the arguments string verbatim: no mapping for it."""
+    c = codec("deepseek_v3")
+    assert not wants_mapping_arguments(c.tokenizer, c.chat_template, c.template_kwargs)
+    assert json.dumps({"command": "ls -la dir0"}) in c.render(tool_episode(1, "string", None), TOOLS, False)
 
 
 def test_a_rollback_on_a_stateful_template_renders_its_history():

@@ -7,8 +7,22 @@ from typing import Any
 
 import pytest
 
+import real_tokenizers as real
 from uniagent.tokens import ChatCodec, Trajectory
 from uniagent.tokens.drift import DriftReport, drift_report, episode_drift
+
+# Real pairs whose hand-built episodes below are the template's own (append-only templates, a
+# generation = the content + end-of-turn). Qwen3's own template (it adds an empty think block to
+# the last turn) and gpt-oss's (a generation starts with its channel header) are not: their drift
+# kinds are checked on simulated episodes in test_codec.py's test_drift_kinds_on_real_templates.
+DRIFT_PAIRS = ("llama3_1-own", "deepseek_v3-own", "gemma3-own", "qwen3-Qwen3-Coder")
+
+
+@pytest.fixture(scope="module", params=["smollm2", *DRIFT_PAIRS])
+def codec(request, codec):  # type: ignore[no-untyped-def]
+    """SmolLM2's codec and real tokenizers with their templates."""
+    return real.codec_or_smol(request, codec)
+
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "You fix bugs."},
@@ -19,6 +33,18 @@ MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "Then fix it."},
     {"role": "assistant", "content": "Done: the import is fixed."},
 ]
+
+
+def messages_for(codec: ChatCodec) -> list[dict[str, Any]]:
+    """MESSAGES, with tool results as user turns where the template has no tool role (Gemma's
+    templates raise on one; turns still alternate)."""
+    if codec.renders_tool_role:
+        return MESSAGES
+    return [{**m, "role": "user"} if m["role"] == "tool" else m for m in MESSAGES]
+
+
+def tool_role(codec: ChatCodec) -> str:
+    return "tool" if codec.renders_tool_role else "user"
 
 
 def canonical(codec: ChatCodec, text: str) -> list[int]:
@@ -63,43 +89,46 @@ def context_index(traj: Trajectory, role: str, offset: int = 1) -> int:
 
 
 def test_no_drift(codec):
-    traj = episode(codec, MESSAGES)
-    assert drift_report(codec, MESSAGES, traj) == DriftReport(None, None)
+    msgs = messages_for(codec)
+    traj = episode(codec, msgs)
+    assert drift_report(codec, msgs, traj) == DriftReport(None, None)
 
 
 def test_non_canonical_split_of_sampled_text_is_sampled(codec):
-    text = MESSAGES[2]["content"]
-    traj = episode(codec, MESSAGES, {2: char_split(codec, text, "world")})
-    first = codec.drift(MESSAGES, traj.token_ids)
-    assert first is not None and traj.token_ids[first] != codec.encode(codec.render(MESSAGES))[first]
-    index, kind = drift_report(codec, MESSAGES, traj)
+    msgs = messages_for(codec)
+    text = msgs[2]["content"]
+    traj = episode(codec, msgs, {2: char_split(codec, text, "world")})
+    first = codec.drift(msgs, traj.token_ids)
+    assert first is not None and traj.token_ids[first] != codec.encode(codec.render(msgs))[first]
+    index, kind = drift_report(codec, msgs, traj)
     assert (index, kind) == (first, "sampled")
     assert traj.response_mask[index - len(traj.prompt_ids)] == 1
 
 
 def test_sampled_retokenization_in_the_last_turn_and_several_turns(codec):
+    msgs = messages_for(codec)
     gens = {
-        2: char_split(codec, MESSAGES[2]["content"], "world"),
-        4: char_split(codec, MESSAGES[4]["content"], "missing"),
-        6: char_split(codec, MESSAGES[6]["content"], "import"),
+        2: char_split(codec, msgs[2]["content"], "world"),
+        4: char_split(codec, msgs[4]["content"], "missing"),
+        6: char_split(codec, msgs[6]["content"], "import"),
     }
-    traj = episode(codec, MESSAGES, gens)
-    assert drift_report(codec, MESSAGES, traj) == DriftReport(
-        codec.drift(MESSAGES, traj.token_ids), "sampled"
-    )
+    traj = episode(codec, msgs, gens)
+    assert drift_report(codec, msgs, traj) == DriftReport(codec.drift(msgs, traj.token_ids), "sampled")
 
 
 def test_tampered_context_token_is_bookkeeping(codec):
-    traj = episode(codec, MESSAGES)
-    at = context_index(traj, "tool", 2)
+    msgs = messages_for(codec)
+    traj = episode(codec, msgs)
+    at = context_index(traj, tool_role(codec), 2)
     traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
-    assert drift_report(codec, MESSAGES, traj) == DriftReport(at, "bookkeeping")
+    assert drift_report(codec, msgs, traj) == DriftReport(at, "bookkeeping")
 
 
 def test_context_with_the_right_text_but_another_split_is_bookkeeping(codec):
     """Same text, other ids, in a tool result: our continuation differs from the template's."""
-    traj = episode(codec, MESSAGES)
-    span = next(s for s in traj.spans if s.kind == "context" and s.role == "tool")
+    msgs = messages_for(codec)
+    traj = episode(codec, msgs)
+    span = next(s for s in traj.spans if s.kind == "context" and s.role == tool_role(codec))
     ctx = traj.response_ids[span.start : span.end]
     text = codec.decode(ctx)
     word = "README"
@@ -117,51 +146,56 @@ def test_context_with_the_right_text_but_another_split_is_bookkeeping(codec):
             rebuilt.add_generation(ids, traj.response_logprobs[s.start : s.end])
         else:
             rebuilt.add_context(split if s is span else ids, role=s.role)
-    index, kind = drift_report(codec, MESSAGES, rebuilt)
-    assert kind == "bookkeeping" and index == codec.drift(MESSAGES, rebuilt.token_ids)
+    index, kind = drift_report(codec, msgs, rebuilt)
+    assert kind == "bookkeeping" and index == codec.drift(msgs, rebuilt.token_ids)
 
 
 def test_bookkeeping_after_a_sampled_retokenization_is_not_hidden(codec):
     """The first difference is sampled; the rest is re-aligned on the text and a tampered tool
     result after it is still found, at its own index."""
-    traj = episode(codec, MESSAGES, {2: char_split(codec, MESSAGES[2]["content"], "world")})
-    sampled_at = codec.drift(MESSAGES, traj.token_ids)
-    at = context_index(traj, "tool", 2)
+    msgs = messages_for(codec)
+    traj = episode(codec, msgs, {2: char_split(codec, msgs[2]["content"], "world")})
+    sampled_at = codec.drift(msgs, traj.token_ids)
+    at = context_index(traj, tool_role(codec), 2)
     traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
-    assert codec.drift(MESSAGES, traj.token_ids) == sampled_at  # the old check saw only the first
-    assert drift_report(codec, MESSAGES, traj) == DriftReport(at, "bookkeeping")
+    assert codec.drift(msgs, traj.token_ids) == sampled_at  # the old check saw only the first
+    assert drift_report(codec, msgs, traj) == DriftReport(at, "bookkeeping")
 
 
 def test_model_text_the_template_renders_differently_is_bookkeeping(codec):
     """A sampled span whose text is not the message the template renders: not a re-encoding."""
+    msgs = messages_for(codec)
     gens = {4: canonical(codec, "The test imports a missing package.")}
-    traj = episode(codec, MESSAGES, gens)
-    index, kind = drift_report(codec, MESSAGES, traj)
-    assert kind == "bookkeeping" and index == codec.drift(MESSAGES, traj.token_ids)
+    traj = episode(codec, msgs, gens)
+    index, kind = drift_report(codec, msgs, traj)
+    assert kind == "bookkeeping" and index == codec.drift(msgs, traj.token_ids)
 
 
 def test_missing_and_extra_tokens_are_bookkeeping(codec):
-    convo = MESSAGES[:-1]  # ends with a user turn: the generation prompt is due
-    traj = episode(codec, MESSAGES[:-2])
-    traj.add_context(codec.continuation_ids(MESSAGES[5:6])[:-2], role="user")
+    msgs = messages_for(codec)
+    convo = msgs[:-1]  # ends with a user turn: the generation prompt is due
+    traj = episode(codec, msgs[:-2])
+    traj.add_context(codec.continuation_ids(msgs[5:6])[:-2], role="user")
     assert drift_report(codec, convo, traj) == DriftReport(len(traj.token_ids), "bookkeeping")
-    full = episode(codec, MESSAGES)
+    full = episode(codec, msgs)
     full.add_context([codec.encode("x")[0]])
-    ref = codec.encode(codec.render(MESSAGES, add_generation_prompt=False))
-    assert drift_report(codec, MESSAGES, full) == DriftReport(len(ref) - 1, "bookkeeping")
+    extra = codec.drift(msgs, full.token_ids)
+    assert extra == len(full.token_ids) - 1  # right where the running sequence goes on
+    assert drift_report(codec, msgs, full) == DriftReport(extra, "bookkeeping")
 
 
 def test_sampled_tokens_kept_in_a_rollback_prompt(codec):
     """A segment whose prompt holds earlier generated tokens: sampled only when `prompt_mask`
     says they were generated."""
-    text = MESSAGES[2]["content"]
-    prompt = codec.prompt_ids(MESSAGES[:2])
+    msgs = messages_for(codec)
+    text = msgs[2]["content"]
+    prompt = codec.prompt_ids(msgs[:2])
     gen = char_split(codec, text, "world")
-    cont = codec.continuation_ids(MESSAGES[3:4])
+    cont = codec.continuation_ids(msgs[3:4])
     traj = Trajectory(prompt_ids=prompt + gen + cont, reason="rollback")
-    last = canonical(codec, MESSAGES[4]["content"])
+    last = canonical(codec, msgs[4]["content"])
     traj.add_generation(last, [-0.5] * len(last))
-    convo = MESSAGES[:5]
+    convo = msgs[:5]
     mask = [0] * len(prompt) + [1] * len(gen) + [0] * len(cont)
     first = codec.drift(convo, traj.token_ids)
     assert drift_report(codec, convo, traj, prompt_mask=mask) == DriftReport(first, "sampled")
@@ -273,12 +307,13 @@ def test_a_store_from_before_drift_kinds_gains_the_column(tmp_path):
     store.close()
 
 
-def test_the_real_demo_episode_whose_drift_read_like_a_bug_is_sampled(codec):
+def test_the_real_demo_episode_whose_drift_read_like_a_bug_is_sampled(smol_tokenizer):
     """A stored `make demo` episode of the real SmolLM2 (tests/fixtures/drift_demo_episode.json):
     `episodes_with_drift` counted it; the model sampled ' short' 'ened' for ' shortened'."""
     import json
     from pathlib import Path
 
+    codec = ChatCodec(smol_tokenizer)
     data = json.loads((Path(__file__).parent / "fixtures" / "drift_demo_episode.json").read_text())
     messages, traj = data["messages"], Trajectory.from_dict(data["trajectory"])
     assert codec.drift(messages, traj.token_ids) == 1375

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+import real_tokenizers as real
 from agent_helpers import call
 from conftest import needs_bwrap
 from uniagent.redact import MASK, REDACTED_ROLE, UNTRAINABLE_REASON, Redactor, redact_logs
@@ -53,13 +54,28 @@ def assert_consistent(traj: dict[str, Any]) -> None:
 # -- the redactor on a trajectory ------------------------------------------------------------
 
 
-def test_secret_tokens_are_replaced_even_across_token_and_span_boundaries(codec: ChatCodec) -> None:
+@pytest.fixture(scope="module", params=["smollm2", *real.OWN_PAIRS])
+def pair_codec(request, codec):  # type: ignore[no-untyped-def]
+    """SmolLM2's codec and each real tokenizer with its own template: their merges cut a secret
+    into different tokens."""
+    return real.codec_or_smol(request, codec)
+
+
+def tool_role(codec: ChatCodec) -> str:
+    """Tool results as user turns where the template raises on the tool role (Gemma, gpt-oss's
+    tool result needs the assistant's tool call before it)."""
+    return "tool" if codec.renders_tool_role else "user"
+
+
+def test_secret_tokens_are_replaced_even_across_token_and_span_boundaries(pair_codec: ChatCodec) -> None:
+    codec = pair_codec
     other = "hunter2-correct-horse"
     r = Redactor(extra=[SECRET, other], env={})
     traj = Trajectory(codec.prompt_ids([{"role": "user", "content": f"my password is {other}, keep it"}]))
     say = codec.encode(f"The key is {SECRET}, done.") + codec.eot_ids
     traj.add_generation(say, [-0.25] * len(say))
-    traj.add_context(codec.continuation_ids([{"role": "tool", "content": f"echo: {SECRET}"}]), role="tool")
+    role = tool_role(codec)
+    traj.add_context(codec.continuation_ids([{"role": role, "content": f"echo: {SECRET}"}]), role=role)
     # The model starts the secret and the next context finishes it: one secret over two spans.
     head = codec.encode(f"again {SECRET[:9]}")
     traj.add_generation(head, [-0.5] * len(head), "length")
@@ -98,7 +114,8 @@ def test_secret_tokens_are_replaced_even_across_token_and_span_boundaries(codec:
     assert Redactor(env={}).trajectory(before, codec) is before
 
 
-def test_result_marks_the_episode_untrainable_only_when_tokens_changed(codec: ChatCodec) -> None:
+def test_result_marks_the_episode_untrainable_only_when_tokens_changed(pair_codec: ChatCodec) -> None:
+    codec = pair_codec
     r = Redactor(extra=[SECRET], env={}, tokenizer=lambda: codec.tokenizer)
     traj = Trajectory(codec.prompt_ids([{"role": "user", "content": "go"}]))
     ids = codec.encode(f"key={SECRET}") + codec.eot_ids
@@ -114,14 +131,16 @@ def test_result_marks_the_episode_untrainable_only_when_tokens_changed(codec: Ch
     assert out["trajectory"] == clean and out["error"] == MASK
 
 
-def test_redaction_keeps_policy_versions_aligned(codec: ChatCodec) -> None:
+def test_redaction_keeps_policy_versions_aligned(pair_codec: ChatCodec) -> None:
     """A model token that becomes a redaction marker is context (version -1); the rest keep theirs."""
+    codec = pair_codec
     r = Redactor(extra=[SECRET], env={})
     traj = Trajectory(codec.prompt_ids([{"role": "user", "content": "go"}]))
     say = codec.encode(f"The key is {SECRET}, done.") + codec.eot_ids
     half = len(say) // 2  # a weight update landed mid-turn
     traj.add_generation(say, [-0.25] * len(say), versions=[2] * half + [3] * (len(say) - half))
-    traj.add_context(codec.continuation_ids([{"role": "tool", "content": "ok"}]), role="tool")
+    role = tool_role(codec)
+    traj.add_context(codec.continuation_ids([{"role": role, "content": "ok"}]), role=role)
     clean = r.trajectory(traj.to_dict(), codec)
     assert clean is not None and clean["secret_redacted"] is True
     again = Trajectory.from_dict(clean)  # validates: versions aligned, -1 exactly on context

@@ -74,7 +74,8 @@ def simulate(
     """Run an episode the way TokenChatModel does, with the 'model' emitting what the template would.
 
     Each generation is taken from a full render (so it is the canonical text), ends with the
-    end-of-turn, and is stored as-is; context comes from `continuation_ids`. Returns the
+    end-of-turn, and is stored as-is; context comes from `continuation_ids` (given the history
+    and held ids, as TokenChatModel gives them). Returns the
     trajectory and each generation's ids.
     """
     first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
@@ -90,7 +91,11 @@ def simulate(
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if i + 1 < j:
-            traj.add_context(codec.continuation_ids(messages[i + 1 : j], tools), role=messages[i + 1]["role"])
+            # as TokenChatModel: the history and the held ids, for stateful templates' re-render
+            after = codec.continuation_ids(
+                messages[i + 1 : j], tools, history=messages[: i + 1], held_ids=traj.token_ids
+            )
+            traj.add_context(after, role=messages[i + 1]["role"])
         i = j
     traj.drift = codec.drift(messages, traj.token_ids, tools)
     return traj, generations

@@ -16,6 +16,7 @@ from uniagent import __version__
 from uniagent.agent.registry import AGENTS
 from uniagent.errors import RunInterruptedError, UniAgentError
 from uniagent.models.registry import kinds_help
+from uniagent.models.tokens_cli import tokens_app
 from uniagent.runner.config import RUN_BACKENDS
 from uniagent.runner.make_cli import make_command
 from uniagent.sandbox.registry import BACKENDS
@@ -124,6 +125,7 @@ def tasks_show(
 
 
 tasks_app.command("make")(make_command)
+app.add_typer(tokens_app, name="tokens")
 
 
 @app.command()

@@ -92,9 +92,44 @@ def load_tokenizer(source: ModelSource) -> Any:
         if cached is not None and (cached / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(str(cached))
         tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+        if not source.gguf_file:
+            tokenizer = faithful_tokenizer(tokenizer, source.path)
         if cached is not None:
             _keep_dequantized(tokenizer, cached)
         return tokenizer
+
+
+# Spaces, newlines, tabs, non-ASCII and digits: what a rebuilt pre-tokenizer gets wrong first.
+_FAITHFUL_PROBE = "Step 1: look around.\n  ok ü 你好 def f(a):\n\treturn a  # 2024-12-05"
+
+
+def faithful_tokenizer(tokenizer: Any, folder: str | Path) -> Any:
+    """The folder's tokenizer as its own `tokenizer.json` defines it.
+
+    Why: transformers 5 rebuilds the pipeline of a tokenizer whose config names a model class
+    (DeepSeek-V3's says `LlamaTokenizerFast`) from that class's defaults, not from the file:
+    DeepSeek-V3's byte-level pre-tokenizer became a SentencePiece one that drops every space,
+    so each prompt and continuation was off. Where the loaded tokenizer encodes a probe
+    differently from the file, the generic fast tokenizer (which uses the file as-is) is loaded.
+    """
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return tokenizer
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    own = Tokenizer.from_file(str(path)).encode(_FAITHFUL_PROBE, add_special_tokens=False).ids
+    if list(tokenizer.encode(_FAITHFUL_PROBE, add_special_tokens=False)) == own:
+        return tokenizer
+    log.info("%s: %s departs from its tokenizer.json; using it as-is", folder, type(tokenizer).__name__)
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
+def load_tokenizer_folder(folder: str | Path) -> Any:
+    """A tokenizer folder or model directory's tokenizer, chat template included, as its files say."""
+    from transformers import AutoTokenizer
+
+    return faithful_tokenizer(AutoTokenizer.from_pretrained(str(folder)), folder)
 
 
 def load_causal_lm(source: ModelSource, device: str = "cpu", dtype: str = "float32") -> Any:

@@ -17,11 +17,22 @@ from typing import Any
 from uniagent.errors import TemplateError
 from uniagent.tokens.chunked import chunked_encoder, plain_encoder
 from uniagent.tokens.probe import TemplateFacts, continuation_text, probe_template, special_ids
-from uniagent.tokens.render import Messages, Tools, render_chat
+from uniagent.tokens.render import Messages, Tools, template_renderer
 from uniagent.tokens.template_kind import TemplateKind, classify
 
-_FACTS: dict[tuple[Any, ...], TemplateFacts] = {}
+_FACTS: dict[tuple[Any, ...], tuple[TemplateFacts, TemplateKind]] = {}
 _FACTS_LOCK = threading.Lock()
+
+
+def _renders_content(content: str, text: str) -> bool:
+    """`content` is in `text` as-is or as a JSON string literal's body: Llama 3.1 writes tool results
+    `| tojson` and gpt-oss writes JSON-string tool results as a literal, so a string with a newline
+    becomes `"a\\nb"` (and non-ASCII text `\\uXXXX`, or kept as-is)."""
+    return (
+        content in text
+        or json.dumps(content)[1:-1] in text
+        or json.dumps(content, ensure_ascii=False)[1:-1] in text
+    )
 
 
 class ChatCodec:
@@ -44,6 +55,7 @@ class ChatCodec:
                 "pass chat_template=... (a Jinja string)"
             )
         self.template_kwargs = dict(template_kwargs or {})
+        self._render = template_renderer(tokenizer, self.chat_template, self.template_kwargs)
         # pieces between special tokens memoised where that is exact (tokens/chunked.py)
         self._encode = chunked_encoder(tokenizer) or plain_encoder(tokenizer)
         key = (
@@ -53,22 +65,20 @@ class ChatCodec:
             repr(sorted(self.template_kwargs.items())),
         )
         with _FACTS_LOCK:
-            facts = _FACTS.get(key)
-            if facts is None:
+            found = _FACTS.get(key)
+            if found is None:
                 facts = probe_template(self.render, self.encode, tokenizer)
-                kind, stateful = classify(self.render, facts)
-                facts = replace(facts, kind=kind.kind, kind_evidence=kind.evidence, stateful=stateful)
-                _FACTS[key] = facts
-        self.facts = facts
-        self._boundary_ids = self._after_eot_ids(facts.boundary_text)
+                kind = classify(self.render, facts)
+                found = _FACTS[key] = (replace(facts, stateful=kind.stateful), kind)
+        self.facts, self._kind = found
+        self._boundary_ids = self._after_eot_ids(self.facts.boundary_text)
         self._special = special_ids(tokenizer)
 
     # -- primitives -----------------------------------------------------------------------
     def render(self, messages: Messages, tools: Tools = None, add_generation_prompt: bool = True) -> str:
-        """The template's own text for `messages`; template failures become `TemplateError`."""
-        return render_chat(
-            self.tokenizer, self.chat_template, self.template_kwargs, messages, tools, add_generation_prompt
-        )
+        """The template's own text for `messages`; template failures become `TemplateError`. Tool
+        call arguments go to the template as mappings where it `tojson`s them (tokens/render.py)."""
+        return self._render(messages, tools, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text the way `apply_chat_template(tokenize=True)` does."""
@@ -102,8 +112,9 @@ class ChatCodec:
 
     @property
     def kind(self) -> TemplateKind:
-        """append_only / stateful / rewriting, with the render that showed it (template_kind.py)."""
-        return TemplateKind(self.facts.kind, self.facts.kind_evidence)  # type: ignore[arg-type]
+        """append_only / stateful / rewriting / refused, with the render that showed it and the
+        codec's action (template_kind.py)."""
+        return self._kind
 
     @property
     def boundary_ids(self) -> list[int]:
@@ -233,9 +244,7 @@ class ChatCodec:
         a template writes as a JSON string literal (gpt-oss's tool results) counts as rendered."""
         for message in new_messages:
             content = message.get("content")
-            if not isinstance(content, str) or not content.strip():
-                continue
-            if content.strip() not in text and json.dumps(content.strip())[1:-1] not in text:
+            if isinstance(content, str) and content.strip() and not _renders_content(content.strip(), text):
                 raise TemplateError(
                     f"the chat template does not render {message.get('role')!r} messages "
                     "(their content is missing from the render); map them to a role it supports"

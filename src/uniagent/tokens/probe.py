@@ -36,8 +36,6 @@ class TemplateFacts:
     renders_tool_role: bool
     call_eot_ids: tuple[int, ...] = ()  # end of a turn that calls a tool, where it differs (gpt-oss)
     eot_inside_turn: bool = False  # the end-of-turn also ends a message inside one turn (gpt-oss)
-    kind: str = "append_only"  # append_only / stateful / rewriting (tokens/template_kind.py)
-    kind_evidence: str = ""
     stateful: bool = False  # a message renders differently alone: continuations need the history
 
     def prefix_messages(self) -> list[dict[str, Any]]:

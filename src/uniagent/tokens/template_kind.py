@@ -12,8 +12,14 @@
   running sequence can equal every full render; drift of kind `template` or, with
   `follow_template`, a new segment, as `tokens/drift.py` and `tokens/conversation.py` describe.
 
+- **refused**: no multi-turn conversation renders (or, for `classify_template`, not even the
+  one-turn probe): the codec refuses with a `TemplateError`.
+
 A template may be both stateful and rewriting (gpt-oss): its kind says `rewriting`, and the codec's
 `facts.stateful` still makes its continuations exact up to where the template rewrites.
+
+One classifier: the codec runs `classify` once when it probes a template (`ChatCodec.kind`), and
+`uniagent tokens check` reports the same `classify_template`, so the two always agree.
 """
 
 from __future__ import annotations
@@ -31,17 +37,36 @@ from uniagent.tokens.probe import (
     probe_template,
     tool_call_message,
 )
-from uniagent.tokens.render import render_chat
+from uniagent.tokens.render import template_renderer
 
-Kind = Literal["append_only", "stateful", "rewriting"]
+Kind = Literal["append_only", "stateful", "rewriting", "refused"]
 
 
 @dataclass(frozen=True)
 class TemplateKind:
-    """A template's kind and the render that showed it (one line, for a report)."""
+    """A template's kind, the render that showed it, and what the codec does about it.
+
+    `conversation` is the probe conversation that decided it ("tools", or "plain" for templates
+    that cannot render tools); `at_message` the first message of it whose render departs (None:
+    append-only, or refused before any message); `stateful` whether continuations need the history
+    (also for a rewriting template, gpt-oss)."""
 
     kind: Kind
     evidence: str
+    conversation: str = ""
+    at_message: int | None = None
+    stateful: bool = False
+
+    @property
+    def action(self) -> str:
+        """What the codec does: appends continuations rendered alone (fast path); renders the
+        continuation with its history (re-render); keeps the model's tokens where the template
+        rewrites them, drift of kind `template` or a new segment with `follow_template`; refuses
+        with a TemplateError."""
+        if self.kind == "rewriting":
+            how = "re-render" if self.stateful else "fast path"
+            return f"{how}, drift 'template' or a new segment"
+        return {"append_only": "fast path", "stateful": "re-render", "refused": "refuse"}[self.kind]
 
 
 def _probe_conversations(facts: TemplateFacts) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -70,48 +95,52 @@ def _probe_conversations(facts: TemplateFacts) -> list[tuple[str, list[dict[str,
         {"role": "user", "content": NEXT_MARKER + "2"},
         {"role": "assistant", "content": said(3)},
     ]
-    return [("a tool-using conversation", tool_using), ("a plain conversation", plain)]
+    return [("tools", tool_using), ("plain", plain)]
 
 
-def classify(render, facts: TemplateFacts) -> tuple[TemplateKind, bool]:
-    """(kind, stateful) of the template behind `render(messages, tools, add_generation_prompt)`.
-
-    `stateful` is whether continuations need the history, also for a rewriting template."""
-    for what, conversation in _probe_conversations(facts):
+def classify(render, facts: TemplateFacts) -> TemplateKind:
+    """The kind of the template behind `render(messages, tools, add_generation_prompt)`."""
+    refusals = []
+    for name, conversation in _probe_conversations(facts):
+        what = "a tool-using conversation" if name == "tools" else "a plain conversation"
         for tools in (PROBE_TOOLS, None):
             try:
                 full = render(conversation, tools, False)
-            except TemplateError:
+            except TemplateError as exc:
+                refusals.append(f"{name}{'' if tools else ' without tools'}: {exc}")
                 continue
-            rewrites = _rewrites(render, conversation, tools, full)
-            needs_history = _needs_history(render, facts, conversation, tools)
+            rewrites, at = _rewrites(render, conversation, tools, full)
+            needs_history, at_new = _needs_history(render, facts, conversation, tools)
             if rewrites:
                 evidence = f"on {what}, {rewrites}" + (f"; and {needs_history}" if needs_history else "")
-                return TemplateKind("rewriting", evidence), bool(needs_history)
+                return TemplateKind("rewriting", evidence, name, at, bool(needs_history))
             if needs_history:
-                return TemplateKind("stateful", f"on {what}, {needs_history}"), True
-            return TemplateKind("append_only", f"on {what}, every render extends the previous one"), False
-    return TemplateKind("append_only", "no multi-turn probe conversation renders; not classified"), False
+                return TemplateKind("stateful", f"on {what}, {needs_history}", name, at_new, True)
+            return TemplateKind("append_only", f"on {what}, every render extends the previous one", name)
+    return TemplateKind("refused", "no multi-turn conversation renders: " + "; ".join(refusals))
 
 
-def _rewrites(render, conversation: list[dict[str, Any]], tools, full: str) -> str:
-    """Why an earlier turn renders differently once more messages follow, or ''."""
+def _rewrites(render, conversation: list[dict[str, Any]], tools, full: str) -> tuple[str, int | None]:
+    """Why and at which message an earlier turn renders differently once more messages follow."""
     for i, message in enumerate(conversation):
         if message["role"] != "assistant" or i == 0:
             continue
         seen = render(conversation[:i], tools, True)
         if not full.startswith(seen):
-            return f"the prompt before the assistant message at {i} is not a prefix of the full render"
+            return f"the prompt before the assistant message at {i} is not a prefix of the full render", i
         made = render(conversation[: i + 1], tools, False)
         content = message["content"]
         at = made.find(content, len(seen) - 1 if seen else 0)
         if at >= 0 and not full.startswith(made[: at + len(content)]):
-            return f"the assistant message at {i} renders differently once later messages follow"
-    return ""
+            return f"the assistant message at {i} renders differently once later messages follow", i
+    return "", None
 
 
-def _needs_history(render, facts: TemplateFacts, conversation: list[dict[str, Any]], tools) -> str:
-    """Why messages after an assistant turn render differently alone than after the history, or ''."""
+def _needs_history(
+    render, facts: TemplateFacts, conversation: list[dict[str, Any]], tools
+) -> tuple[str, int | None]:
+    """Why and from which message the messages after an assistant turn render differently alone
+    than after the history."""
     i = 0
     while i < len(conversation):
         j = i + 1
@@ -124,24 +153,26 @@ def _needs_history(render, facts: TemplateFacts, conversation: list[dict[str, An
                 try:
                     alone = continuation_text(render, facts, new, tools)
                 except TemplateError as exc:
-                    return f"{what} cannot render alone ({exc})"
+                    return f"{what} cannot render alone ({exc})", i + 1
                 if not render(conversation[:j], tools, True).endswith(alone):
-                    return f"{what} renders differently after the history"
+                    return f"{what} renders differently after the history", i + 1
         i = j
-    return ""
+    return "", None
 
 
 def classify_template(
     tokenizer: Any, template: str | None = None, template_kwargs: dict[str, Any] | None = None
 ) -> TemplateKind:
-    """The kind of `template` (default: the tokenizer's own) on `tokenizer`."""
+    """The kind of `template` (default: the tokenizer's own) on `tokenizer`, as `ChatCodec.kind`
+    finds it; a template that cannot be probed at all (it raises on a one-turn chat) is `refused`.
+    What `uniagent tokens check` reports."""
     template = template or getattr(tokenizer, "chat_template", None)
     if not template or not isinstance(template, str):
         raise TemplateError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")
-    kwargs = dict(template_kwargs or {})
-
-    def render(messages, tools, add_generation_prompt):
-        return render_chat(tokenizer, template, kwargs, messages, tools, add_generation_prompt)
-
+    render = template_renderer(tokenizer, template, dict(template_kwargs or {}))
     encode = chunked_encoder(tokenizer) or plain_encoder(tokenizer)
-    return classify(render, probe_template(render, encode, tokenizer))[0]
+    try:
+        facts = probe_template(render, encode, tokenizer)
+    except TemplateError as exc:
+        return TemplateKind("refused", str(exc))
+    return classify(render, facts)
