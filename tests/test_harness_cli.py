@@ -356,3 +356,18 @@ async def test_cli_agents_run_only_in_the_local_sandbox(codec, clis) -> None:
         assert result.exit_reason == ExitReason.INTERNAL_ERROR
         assert "inside a local (bubblewrap) sandbox" in (result.error or "")
         assert not any(cli.root.iterdir()), "no session dir is made for a refused sandbox"
+
+
+@needs_bwrap
+@needs_node
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_cli_fixes_a_harbor_task_graded_by_its_test_sh(harness: str, codec, clis) -> None:
+    """A Harbor task (its instruction alone, its workdir) through the real CLI, graded by the task's
+    own tests/test.sh and reward file in the sandbox the CLI left."""
+    [task] = load_tasks("builtin:harbor", ids=["fix-greeting"])
+    texts = [call(harness, "sed -i s/wrold/world/ greeting.txt && cat greeting.txt"), "Fixed."]
+    engine = script(codec, {"harbor#0": texts})
+    result = await episode(harness, engine, codec, task, "harbor#0", max_turns=6, wall_time_s=300)
+    assert result.exit_reason == ExitReason.FINISHED, result.error
+    assert result.reward is not None and result.reward.value == 1.0, result.reward
+    assert model_segments(result.trajectory) == [codec.encode(t) + codec.eot_ids for t in texts]
