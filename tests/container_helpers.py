@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -67,6 +68,50 @@ def add_binary(tar: tarfile.TarFile, path: str, seen: set[str]) -> None:
     add_host_path(tar, path, seen)
     for lib in _libraries(os.path.realpath(path)):
         add_host_path(tar, lib, seen)
+
+
+PYTEST_DISTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
+STDLIB_SKIP = {
+    *("site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"),
+    *("pydoc_data", "__pycache__", "distutils", "lib-dynload"),  # lib-dynload: with its libraries
+}
+
+
+def _skipped(name: str) -> bool:
+    return name in STDLIB_SKIP or name.startswith(("config-", "_tkinter"))
+
+
+def add_python(tar: tarfile.TarFile, seen: set[str]) -> None:
+    """This interpreter with its standard library (no tests, no GUI) and pytest with its
+    dependencies, `python`/`python3` on PATH: what a task's Python tests need in an image."""
+    import pytest
+
+    exe = os.path.realpath(sys.executable)
+    stdlib = Path(os.__file__).parent
+    site = Path(pytest.__file__).parents[1]
+
+    def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if _skipped(Path(info.name).name) else info
+
+    add_binary(tar, exe, seen)
+    add_host_path(tar, str(stdlib), seen)
+    for entry in sorted(stdlib.iterdir()):
+        if not _skipped(entry.name):
+            tar.add(str(entry), arcname=str(entry.relative_to("/")), filter=skip)
+    for so in sorted((stdlib / "lib-dynload").glob("*.so")):
+        if not _skipped(so.name):
+            add_binary(tar, str(so), seen)
+    dest = stdlib / "site-packages"
+    names = [
+        *PYTEST_DISTS,
+        *(p.name for p in site.glob("*.dist-info") if p.name.split("-")[0] in PYTEST_DISTS),
+    ]
+    for name in names:
+        tar.add(str(site / name), arcname=str((dest / name).relative_to("/")), filter=skip)
+    for link in ("python", "python3"):
+        info = tarfile.TarInfo(f"usr/local/bin/{link}")
+        info.type, info.linkname = tarfile.SYMTYPE, exe
+        tar.addfile(info)
 
 
 def build_rootfs_tar(tools: list[str] = TOOLS, more: AddMore | None = None) -> bytes:

@@ -1,10 +1,10 @@
 """Harbor tasks in containers, docker and podman: the bundled tasks' Dockerfiles start FROM a base
-image built here from this machine's own binaries (the container tests' rootfs, nothing pulled);
-their COPY'd files are placed at setup. One task (the file edit, which needs only the base tools)
-per runtime: `uniagent run` with a scripted model resolves the oracle sample and not the empty
-one; a task whose Dockerfile has RUN steps is built from its environment/ and `uniagent verify
---gold` resolves it. Under CI=true the session fails when neither
-runtime could run (`require_one_of`)."""
+image built here from this machine's own binaries (the container tests' rootfs, nothing pulled,
+with this interpreter and pytest: what the service and the pytest-graded task need); their COPY'd
+files are placed at setup. Per runtime, the whole bundled suite: `uniagent run` with a scripted
+model resolves every oracle sample and no empty one; a task whose Dockerfile has RUN steps is built
+from its environment/ and `uniagent verify --gold` resolves it. Under CI=true the session fails
+when neither runtime could run (`require_one_of`)."""
 
 from __future__ import annotations
 
@@ -20,16 +20,14 @@ import pytest
 
 from agent_helpers import call
 from conftest import require, require_one_of
-from container_helpers import TOOLS, Runtime, build_rootfs_tar, import_image, open_runtime
+from container_helpers import TOOLS, Runtime, add_python, build_rootfs_tar, import_image, open_runtime
 from run_helpers import write_turns
 from uniagent.tasks import load_tasks
 from uniagent.tasks.harbor import HarborTask
-from uniagent.tasks.registry import BUILTIN
 from uniagent.tokens import ChatCodec
 
 CLI = [sys.executable, "-m", "uniagent.cli"]
 BASE = "localhost/uniagent-harbor-base:latest"
-TASK = BUILTIN / "harbor" / "fix-greeting"
 RUNTIMES = "a container runtime (docker or podman)"
 
 
@@ -41,7 +39,7 @@ def _missing(runtime: str, why: str) -> None:
 def runtime(request: pytest.FixtureRequest) -> Iterator[Runtime]:
     require("ldd", shutil.which("ldd") is not None, "it assembles the base image from host binaries")
     with open_runtime(request.param, _missing) as rt:
-        import_image(rt, build_rootfs_tar([*TOOLS, "setpriv", "chown"]), BASE, _missing)
+        import_image(rt, build_rootfs_tar([*TOOLS, "setpriv", "chown"], add_python), BASE, _missing)
         require_one_of(RUNTIMES, rt.name, True, "")
         yield rt
         rt.run("rmi", "-f", BASE)
@@ -51,7 +49,7 @@ def uniagent(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, env=os.environ)
 
 
-def test_run_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, codec: ChatCodec) -> None:
+def test_run_the_harbor_suite_in_a_container(runtime: Runtime, tmp_path: Path, codec: ChatCodec) -> None:
     box = [
         "--sandbox",
         "container",
@@ -60,23 +58,28 @@ def test_run_a_harbor_task_in_a_container(runtime: Runtime, tmp_path: Path, code
         "--set",
         "sandbox.pull=never",
     ]
-    [task] = load_tasks(f"harbor:{TASK}")
-    assert isinstance(task, HarborTask) and task.spec.solution is not None
-    solve = f"cat > /tmp/solve.sh <<'UA_EOF'\n{task.spec.solution.read_text()}UA_EOF\nbash /tmp/solve.sh"
-    plan = {
-        "fix-greeting#0": [call("bash", command=solve), call("submit")],
-        "fix-greeting#1": [call("submit")],
-    }
+    tasks = load_tasks("builtin:harbor")
+    plan = {}
+    for task in tasks:
+        assert isinstance(task, HarborTask) and task.spec.solution is not None
+        text = task.spec.solution.read_text()
+        solve = f"cat > /tmp/solve.sh <<'UA_EOF'\n{text}UA_EOF\nbash /tmp/solve.sh"
+        plan[f"{task.instance_id}#0"] = [call("bash", command=solve), call("submit")]
+        plan[f"{task.instance_id}#1"] = [call("submit")]
     replay = write_turns(tmp_path / "replay.jsonl", codec, plan)
     out = tmp_path / "run"
     proc = uniagent(
-        "run", "--tasks", f"harbor:{TASK}", "--model", f"replay:{replay}", "--samples", "2",
+        "run", "--tasks", "builtin:harbor", "--model", f"replay:{replay}", "--samples", "2",
         "--max-turns", "3", "--output", str(out), *box,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = {r["sample"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    assert results[0]["reward"] == 1.0, (results[0].get("error"), results[0]["verifier"])
-    assert results[1]["reward"] == 0.0 and results[1]["exit_reason"] == "finished"
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    results = {(r["instance_id"], r["sample"]): r for r in rows}
+    assert len(results) == 2 * len(tasks) == 6
+    for task in tasks:
+        oracle, empty = results[(task.instance_id, 0)], results[(task.instance_id, 1)]
+        assert oracle["reward"] == 1.0, (task.instance_id, oracle.get("error"), oracle["verifier"])
+        assert empty["reward"] == 0.0 and empty["exit_reason"] == "finished", task.instance_id
     leftover = runtime.run("ps", "-a", "-q", "--filter", f"ancestor={BASE}").stdout.strip()
     assert leftover == "", "every container of the run is gone"
 

@@ -27,7 +27,7 @@ from container_helpers import (
     TOOLS,
     Runtime,
     add_binary,
-    add_host_path,
+    add_python,
     build_rootfs_tar,
     import_image,
     open_runtime,
@@ -41,15 +41,6 @@ SWE_IMAGE = "localhost/uniagent-swe:latest"
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = FIXTURES / "swe_rebench" / "textkit"
 ROW_ID = "textkit-dev__textkit-101"  # its gold patch and test patch, taken from the fixture rows
-PYTEST_DISTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
-STDLIB_SKIP = {
-    *("site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"),
-    *("pydoc_data", "__pycache__", "distutils", "lib-dynload"),  # lib-dynload: with its libraries
-}
-
-
-def _skipped(name: str) -> bool:
-    return name in STDLIB_SKIP or name.startswith(("config-", "_tkinter"))
 
 
 # -- the image ------------------------------------------------------------------------------
@@ -68,14 +59,8 @@ def _base_commit(repo: Path) -> str:
 
 
 def build_swe_tar(repo: Path) -> bytes:
-    """The rootfs plus git, Python (this interpreter, stdlib without tests/GUI) and pytest with
-    its dependencies, `python`/`python3` on PATH, and `repo` at /testbed."""
-    exe = os.path.realpath(sys.executable)
-    stdlib = Path(os.__file__).parent
-    site = Path(pytest.__file__).parents[1]
-
-    def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        return None if _skipped(Path(info.name).name) else info
+    """The rootfs plus git, Python with pytest (`container_helpers.add_python`) and `repo` at
+    /testbed."""
 
     def more(tar: tarfile.TarFile, seen: set[str]) -> None:
         for binary in ("git", "patch"):
@@ -83,25 +68,7 @@ def build_swe_tar(repo: Path) -> bytes:
                 add_binary(tar, shutil.which(binary) or "", seen)
         git_core = subprocess.run(["git", "--exec-path"], capture_output=True, text=True).stdout.strip()
         add_binary(tar, f"{git_core}/git", seen)  # what `git gc` runs its steps with
-        add_binary(tar, exe, seen)
-        add_host_path(tar, str(stdlib), seen)
-        for entry in sorted(stdlib.iterdir()):
-            if not _skipped(entry.name):
-                tar.add(str(entry), arcname=str(entry.relative_to("/")), filter=skip)
-        for so in sorted((stdlib / "lib-dynload").glob("*.so")):
-            if not _skipped(so.name):
-                add_binary(tar, str(so), seen)
-        dest = stdlib / "site-packages"
-        names = [
-            *PYTEST_DISTS,
-            *(p.name for p in site.glob("*.dist-info") if p.name.split("-")[0] in PYTEST_DISTS),
-        ]
-        for name in names:
-            tar.add(str(site / name), arcname=str((dest / name).relative_to("/")), filter=skip)
-        for link in ("python", "python3"):
-            info = tarfile.TarInfo(f"usr/local/bin/{link}")
-            info.type, info.linkname = tarfile.SYMTYPE, exe
-            tar.addfile(info)
+        add_python(tar, seen)
         tar.add(str(repo), arcname="testbed")
 
     return build_rootfs_tar([*TOOLS, "git"], more)
