@@ -284,7 +284,7 @@ SYSTEM = (
 async def test_fresh_requests_prefilled_together_run_their_common_start_once(smol_engine, smol_tokenizer):
     """A GRPO group's (or every task's) shared prompt start runs once; the rows' numbers are those of
     solo runs; a fresh request that comes later reuses it from the store's shared entry."""
-    from uniagent.models.kv import common_prefix
+    from uniagent.models.kv_prefix import common_prefix
 
     chosen = [chat_prompt(smol_tokenizer, q, SYSTEM) for q in QUESTIONS[:4]]
     shared = min(common_prefix(chosen[0], p) for p in chosen[1:])
@@ -330,13 +330,13 @@ async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, promp
 
 def entry(n: int):
     """A stored prefix of ids 0..n-1: 2 layers x 1 head x n tokens x 4 dims x (keys+values) x 4 bytes."""
-    from uniagent.models.kv import Prefix
+    from uniagent.models.kv_prefix import Prefix
 
     return Prefix(list(range(n)), [torch.zeros(1, n, 4)] * 2, [torch.zeros(1, n, 4)] * 2)
 
 
 def test_prefix_store_budget_evicts_the_least_recently_used():
-    from uniagent.models.kv import PrefixStore
+    from uniagent.models.kv_prefix import PrefixStore
 
     store = PrefixStore(budget_bytes=entry(10).nbytes * 2)
     store.put("a", entry(10))
@@ -354,7 +354,7 @@ def test_prefix_store_budget_evicts_the_least_recently_used():
 
 
 def test_prefix_store_shared_entry_is_copied_not_taken_and_evicted_last():
-    from uniagent.models.kv import MIN_SHARED, PrefixStore
+    from uniagent.models.kv_prefix import MIN_SHARED, PrefixStore
 
     n = MIN_SHARED + 8
     store = PrefixStore(budget_bytes=entry(n).nbytes * 3)

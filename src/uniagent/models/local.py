@@ -30,7 +30,8 @@ import torch
 
 from uniagent.errors import EngineError
 from uniagent.models.base import Generation, SamplingParams
-from uniagent.models.kv import PrefixStore, use_gqa_attention
+from uniagent.models.kv import use_gqa_attention
+from uniagent.models.kv_prefix import PrefixStore
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
 from uniagent.models.local_memory import (

@@ -38,15 +38,8 @@ import torch
 import uniagent.models.kv as kv  # the module: tests patch its buffer growth (kv._CHUNK)
 from uniagent.errors import EngineError
 from uniagent.models.base import FinishReason, Generation, SamplingParams
-from uniagent.models.kv import (
-    MIN_SHARED,
-    Dims,
-    Prefix,
-    PrefixStore,
-    SlotCache,
-    common_prefix,
-    supports_slots,
-)
+from uniagent.models.kv import Dims, SlotCache, supports_slots
+from uniagent.models.kv_prefix import MIN_SHARED, Prefix, PrefixStore, common_prefix
 from uniagent.models.local_memory import MemoryPlan, Running
 
 if TYPE_CHECKING:
