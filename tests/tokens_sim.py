@@ -117,6 +117,18 @@ def generated_ids(codec: ChatCodec, upto: list[dict[str, Any]], running: list[in
     return codec.encode(_assistant_text(codec, upto[-1])) + codec.eot_ids
 
 
+def model_turn_ids(
+    codec: ChatCodec, history: list[dict[str, Any]], message: dict[str, Any], running: list[int] | None = None
+) -> list[int]:
+    """The ids a model emits for the assistant `message` after `history`: what the template
+    renders for that turn after its generation prompt, through its end-of-turn (Qwen3's own
+    template: an empty think block first; gpt-oss: a channel header, then <|return|>, or <|call|>
+    after a tool call), not just the content and end-of-turn. `running` is the sequence the model
+    has seen (default: the prompt of `history`)."""
+    running = codec.prompt_ids(history) if running is None else running
+    return generated_ids(codec, [*history, message], running, None)
+
+
 def _assistant_text(codec: ChatCodec, message: dict[str, Any]) -> str:
     content = message.get("content") or ""
     for call in message.get("tool_calls") or []:
