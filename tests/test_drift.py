@@ -13,10 +13,11 @@ from uniagent.tokens import ChatCodec, Trajectory
 from uniagent.tokens.drift import DriftReport, drift_report, episode_drift, template_rewrites_at
 
 
-# One real pair per family (its own template) and Qwen3-Coder's: a hand-built model turn is what the template renders for that assistant turn
-# (`model_turn_ids`: Qwen3's own template writes an empty think block first, gpt-oss a channel
-# header). The rewriting templates (Qwen3's own, gpt-oss) show an earlier turn otherwise once more
-# messages follow, so their exact episodes have drift of kind `template`, as documented.
+# One real pair per family (its own template) and Qwen3-Coder's: a hand-built model turn is what
+# the template renders for that assistant turn (`model_turn_ids`: Qwen3's own template writes an
+# empty think block first, gpt-oss a channel header). The rewriting templates (Qwen3's own,
+# gpt-oss) show an earlier turn otherwise once more messages follow, so their exact episodes have
+# drift of kind `template`, as documented.
 @pytest.fixture(scope="module", params=["smollm2", *real.OWN_PAIRS, "qwen3-Qwen3-Coder"])
 def codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers with their templates."""
