@@ -39,7 +39,7 @@ def turn(
 # Real pairs; each scripted model turn is what the template renders for an assistant turn
 # (`Gen.turn`: Qwen3's own template writes an empty think block first, gpt-oss a channel header).
 # Those two rewrite a past turn, so their exact records have drift of kind `template`.
-CONVERSATION_PAIRS = ("qwen3-Qwen3-Coder", "llama3_1-own", "deepseek_v3-own", "gemma3-own", "qwen3-own", "gptoss-own")
+CONVERSATION_PAIRS = (*real.OWN_PAIRS, "qwen3-Qwen3-Coder")
 
 
 @pytest.fixture(scope="module", params=["smollm2", *CONVERSATION_PAIRS])
