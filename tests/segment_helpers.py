@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tokens_sim import model_turn_ids
 from uniagent.agent.result import EpisodeResult, ExitReason, Reward
+from uniagent.errors import TemplateError
 from uniagent.runner.store import RunStore, episode_row
 from uniagent.tokens import ChatCodec, Trajectory
 
@@ -21,8 +23,11 @@ TASK = [{"role": "system", "content": "You are an agent."}, {"role": "user", "co
 REPLIES = ["I will look at the code first.", "The sum uses minus; I fix it.", "Done: the tests pass."]
 
 
-def _generate(traj: Trajectory, codec: ChatCodec, text: str, turn: int, versions: bool = False) -> None:
-    ids = codec.encode(text) + codec.eot_ids
+def _generate(
+    traj: Trajectory, codec: ChatCodec, history: list[dict[str, Any]], turn: int, versions: bool = False
+) -> None:
+    """The model's turn as its template renders it (its own think block or channel header)."""
+    ids = model_turn_ids(codec, history, {"role": "assistant", "content": REPLIES[turn]}, traj.token_ids)
     tags = None
     if versions:
         cut = len(ids) // 2 if turn == len(REPLIES) - 1 else len(ids)
@@ -32,18 +37,16 @@ def _generate(traj: Trajectory, codec: ChatCodec, text: str, turn: int, versions
 
 def two_segment_result(codec: ChatCodec, reward: float = 1.0, versions: bool = False) -> EpisodeResult:
     first = Trajectory(prompt_ids=codec.prompt_ids(TASK), reason="start")
-    _generate(first, codec, REPLIES[0], 0, versions)
+    _generate(first, codec, TASK, 0, versions)
+    said = [{"role": "assistant", "content": text} for text in REPLIES]
     tool = [{"role": "user", "content": "calc.py: return a - b"}]
-    first.add_context(codec.continuation_ids(tool), role="user")
-    _generate(first, codec, REPLIES[1], 1, versions)
-    # The harness dropped the tool result: no segment extends this history, so it is rendered afresh.
-    rewritten = [
-        *TASK,
-        {"role": "assistant", "content": REPLIES[0]},
-        {"role": "assistant", "content": REPLIES[1]},
-    ]
+    first.add_context(
+        codec.continuation_ids(tool, history=[*TASK, said[0]], held_ids=first.token_ids), role="user"
+    )
+    _generate(first, codec, [*TASK, said[0], *tool], 1, versions)
+    rewritten = _rewritten(codec, said)
     second = Trajectory(prompt_ids=codec.prompt_ids(rewritten), reason="rewritten")
-    _generate(second, codec, REPLIES[2], 2, versions)
+    _generate(second, codec, rewritten, 2, versions)
     for t in (first, second):
         t.validate()
     messages: list[dict[str, Any]] = [*rewritten, {"role": "assistant", "content": REPLIES[2]}]
@@ -51,6 +54,19 @@ def two_segment_result(codec: ChatCodec, reward: float = 1.0, versions: bool = F
     return EpisodeResult(
         messages, [first, second], ExitReason.FINISHED, Reward(reward, resolved=reward > 0), metrics
     )
+
+
+def _rewritten(codec: ChatCodec, said: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The harness dropped the tool result: no segment extends this history, so it is rendered
+    afresh. A template whose roles must alternate (Gemma) cannot show two assistant turns in a
+    row: there the harness keeps a note of the result instead, and asks to go on."""
+    dropped = [*TASK, said[0], said[1]]
+    try:
+        codec.render(dropped)
+        return dropped
+    except TemplateError:
+        note = {"role": "user", "content": "(tool result elided)"}
+        return [*TASK, said[0], note, said[1], {"role": "user", "content": "Go on."}]
 
 
 def segmented_run(

@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 
 import real_tokenizers as real
+from tokens_sim import model_turn_ids
 from uniagent.tokens import ChatCodec, Trajectory
-from uniagent.tokens.drift import DriftReport, drift_report, episode_drift
-
-# Real pairs whose hand-built episodes below are the template's own (append-only templates, a
-# generation = the content + end-of-turn). Qwen3's own template (it adds an empty think block to
-# the last turn) and gpt-oss's (a generation starts with its channel header) are not: their drift
-# kinds are checked on simulated episodes in test_codec.py's test_drift_kinds_on_real_templates.
-DRIFT_PAIRS = ("llama3_1-own", "deepseek_v3-own", "gemma3-own", "qwen3-Qwen3-Coder")
+from uniagent.tokens.drift import DriftReport, drift_report, episode_drift, template_rewrites_at
 
 
-@pytest.fixture(scope="module", params=["smollm2", *DRIFT_PAIRS])
+# One real pair per family (its own template) and Qwen3-Coder's: a hand-built model turn is what
+# the template renders for that assistant turn (`model_turn_ids`: Qwen3's own template writes an
+# empty think block first, gpt-oss a channel header). The rewriting templates (Qwen3's own,
+# gpt-oss) show an earlier turn otherwise once more messages follow, so their exact episodes have
+# drift of kind `template`, as documented.
+@pytest.fixture(scope="module", params=["smollm2", *real.OWN_PAIRS, "qwen3-Qwen3-Coder"])
 def codec(request, codec):  # type: ignore[no-untyped-def]
     """SmolLM2's codec and real tokenizers with their templates."""
     return real.codec_or_smol(request, codec)
@@ -47,17 +47,57 @@ def tool_role(codec: ChatCodec) -> str:
     return "tool" if codec.renders_tool_role else "user"
 
 
-def canonical(codec: ChatCodec, text: str) -> list[int]:
-    """What a model that samples the tokenizer's own split emits: the text, then end-of-turn."""
-    return codec.encode(text) + codec.eot_ids
+def turn_ids(codec: ChatCodec, msgs: list[dict[str, Any]], i: int, content: str | None = None) -> list[int]:
+    """What a model that samples the tokenizer's own split emits for assistant message `i` (or
+    for `content` in its place): the turn as its template renders it, through its end-of-turn."""
+    message = msgs[i] if content is None else {**msgs[i], "content": content}
+    return model_turn_ids(codec, msgs[:i], message)
 
 
-def char_split(codec: ChatCodec, text: str, word: str) -> list[int]:
-    """The same text with `word` sampled one character per token (a non-canonical split)."""
+def char_split(codec: ChatCodec, msgs: list[dict[str, Any]], i: int, word: str) -> list[int]:
+    """Assistant message `i`'s turn with `word` sampled one character per token (a non-canonical
+    split of the same text)."""
+    canonical = turn_ids(codec, msgs, i)
+    text = codec.decode(canonical)
     before, after = text.split(word, 1)
     ids = codec.encode(before) + [t for ch in word for t in codec.encode(ch)] + codec.encode(after)
-    assert codec.decode(ids) == text and ids != codec.encode(text)
-    return ids + codec.eot_ids
+    assert codec.decode(ids) == text and ids != canonical
+    return ids
+
+
+def rewrites(codec: ChatCodec) -> bool:
+    """The template shows an earlier turn otherwise once more messages follow (Qwen3's own drops
+    the empty think block of a past turn, gpt-oss ends a past final answer with <|end|>, not the
+    <|return|> the model sampled): an exact running sequence then departs from the full render."""
+    return codec.kind.kind == "rewriting"
+
+
+def assert_drift(
+    codec: ChatCodec,
+    msgs: list[dict[str, Any]],
+    traj: Trajectory,
+    want: DriftReport,
+    prompt_mask: list[int] | None = None,
+) -> None:
+    """The drift report is `want` on a template that keeps earlier turns as they were; on a
+    rewriting one it is the documented drift: kind `template`, at or after the point where the
+    template stops being append-only (a difference after that point is not told apart;
+    `model.history: template` avoids the drift altogether)."""
+    report = drift_report(codec, msgs, traj, prompt_mask=prompt_mask)
+    if not rewrites(codec):
+        assert report == want
+        return
+    at = template_rewrites_at(codec, msgs)
+    first = codec.drift(msgs, traj.token_ids)
+    assert report.kind == "template" and at is not None and first is not None, report
+    assert report.index is not None and report.index >= max(at, first), (report, at, first)
+
+
+def kept(codec: ChatCodec, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation up to its first assistant turn on a rewriting template (which renders the
+    last turn as the model sampled it), the whole one otherwise: a history whose only departure
+    from the render is the one a test makes."""
+    return msgs[:3] if rewrites(codec) else msgs
 
 
 def episode(
@@ -70,13 +110,17 @@ def episode(
     traj = Trajectory(prompt_ids=codec.prompt_ids(messages[:first]))
     i = first
     while i < len(messages):
-        gen = generations.get(i) or canonical(codec, messages[i]["content"])
+        gen = generations.get(i) or model_turn_ids(codec, messages[:i], messages[i], traj.token_ids)
         traj.add_generation(gen, [-0.25] * len(gen))
         j = i + 1
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if i + 1 < j:
-            traj.add_context(codec.continuation_ids(messages[i + 1 : j]), role=messages[i + 1]["role"])
+            # as TokenChatModel: the history and the held ids, for stateful templates' re-render
+            after = codec.continuation_ids(
+                messages[i + 1 : j], history=messages[: i + 1], held_ids=traj.token_ids
+            )
+            traj.add_context(after, role=messages[i + 1]["role"])
         i = j
     return traj
 
@@ -91,13 +135,12 @@ def context_index(traj: Trajectory, role: str, offset: int = 1) -> int:
 def test_no_drift(codec):
     msgs = messages_for(codec)
     traj = episode(codec, msgs)
-    assert drift_report(codec, msgs, traj) == DriftReport(None, None)
+    assert_drift(codec, msgs, traj, DriftReport(None, None))
 
 
 def test_non_canonical_split_of_sampled_text_is_sampled(codec):
-    msgs = messages_for(codec)
-    text = msgs[2]["content"]
-    traj = episode(codec, msgs, {2: char_split(codec, text, "world")})
+    msgs = kept(codec, messages_for(codec))
+    traj = episode(codec, msgs, {2: char_split(codec, msgs, 2, "world")})
     first = codec.drift(msgs, traj.token_ids)
     assert first is not None and traj.token_ids[first] != codec.encode(codec.render(msgs))[first]
     index, kind = drift_report(codec, msgs, traj)
@@ -106,14 +149,18 @@ def test_non_canonical_split_of_sampled_text_is_sampled(codec):
 
 
 def test_sampled_retokenization_in_the_last_turn_and_several_turns(codec):
+    """On gpt-oss, a split in a final answer whose <|return|> the template later writes as <|end|>
+    read as bookkeeping (the whole turn's text was looked up at once); the text now departs at
+    the end token, where the template rewrites: `template`."""
     msgs = messages_for(codec)
     gens = {
-        2: char_split(codec, msgs[2]["content"], "world"),
-        4: char_split(codec, msgs[4]["content"], "missing"),
-        6: char_split(codec, msgs[6]["content"], "import"),
+        2: char_split(codec, msgs, 2, "world"),
+        4: char_split(codec, msgs, 4, "missing"),
+        6: char_split(codec, msgs, 6, "import"),
     }
     traj = episode(codec, msgs, gens)
-    assert drift_report(codec, msgs, traj) == DriftReport(codec.drift(msgs, traj.token_ids), "sampled")
+    want = DriftReport(codec.drift(msgs, traj.token_ids), "sampled")
+    assert_drift(codec, msgs, traj, want)
 
 
 def test_tampered_context_token_is_bookkeeping(codec):
@@ -121,7 +168,7 @@ def test_tampered_context_token_is_bookkeeping(codec):
     traj = episode(codec, msgs)
     at = context_index(traj, tool_role(codec), 2)
     traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
-    assert drift_report(codec, msgs, traj) == DriftReport(at, "bookkeeping")
+    assert_drift(codec, msgs, traj, DriftReport(at, "bookkeeping"))
 
 
 def test_context_with_the_right_text_but_another_split_is_bookkeeping(codec):
@@ -146,60 +193,66 @@ def test_context_with_the_right_text_but_another_split_is_bookkeeping(codec):
             rebuilt.add_generation(ids, traj.response_logprobs[s.start : s.end])
         else:
             rebuilt.add_context(split if s is span else ids, role=s.role)
-    index, kind = drift_report(codec, msgs, rebuilt)
-    assert kind == "bookkeeping" and index == codec.drift(msgs, rebuilt.token_ids)
+    want = DriftReport(codec.drift(msgs, rebuilt.token_ids), "bookkeeping")
+    assert_drift(codec, msgs, rebuilt, want)
 
 
 def test_bookkeeping_after_a_sampled_retokenization_is_not_hidden(codec):
     """The first difference is sampled; the rest is re-aligned on the text and a tampered tool
     result after it is still found, at its own index."""
     msgs = messages_for(codec)
-    traj = episode(codec, msgs, {2: char_split(codec, msgs[2]["content"], "world")})
+    traj = episode(codec, msgs, {2: char_split(codec, msgs, 2, "world")})
     sampled_at = codec.drift(msgs, traj.token_ids)
     at = context_index(traj, tool_role(codec), 2)
     traj.response_ids[at - len(traj.prompt_ids)] = codec.encode(" banana")[0]
     assert codec.drift(msgs, traj.token_ids) == sampled_at  # the old check saw only the first
-    assert drift_report(codec, msgs, traj) == DriftReport(at, "bookkeeping")
+    assert_drift(codec, msgs, traj, DriftReport(at, "bookkeeping"))
 
 
 def test_model_text_the_template_renders_differently_is_bookkeeping(codec):
     """A sampled span whose text is not the message the template renders: not a re-encoding."""
     msgs = messages_for(codec)
-    gens = {4: canonical(codec, "The test imports a missing package.")}
+    gens = {4: turn_ids(codec, msgs, 4, "The test imports a missing package.")}
     traj = episode(codec, msgs, gens)
-    index, kind = drift_report(codec, msgs, traj)
-    assert kind == "bookkeeping" and index == codec.drift(msgs, traj.token_ids)
+    want = DriftReport(codec.drift(msgs, traj.token_ids), "bookkeeping")
+    assert_drift(codec, msgs, traj, want)
 
 
 def test_missing_and_extra_tokens_are_bookkeeping(codec):
     msgs = messages_for(codec)
     convo = msgs[:-1]  # ends with a user turn: the generation prompt is due
     traj = episode(codec, msgs[:-2])
-    traj.add_context(codec.continuation_ids(msgs[5:6])[:-2], role="user")
-    assert drift_report(codec, convo, traj) == DriftReport(len(traj.token_ids), "bookkeeping")
+    cont = codec.continuation_ids(msgs[5:6], history=msgs[:5], held_ids=traj.token_ids)
+    traj.add_context(cont[:-2], role="user")
+    want = DriftReport(len(traj.token_ids), "bookkeeping")
+    assert_drift(codec, convo, traj, want)
     full = episode(codec, msgs)
     full.add_context([codec.encode("x")[0]])
     extra = codec.drift(msgs, full.token_ids)
-    assert extra == len(full.token_ids) - 1  # right where the running sequence goes on
-    assert drift_report(codec, msgs, full) == DriftReport(extra, "bookkeeping")
+    # right where the running sequence goes on (a rewriting template departs earlier)
+    assert (extra == len(full.token_ids) - 1) != rewrites(codec)
+    assert_drift(codec, msgs, full, DriftReport(extra, "bookkeeping"))
 
 
 def test_sampled_tokens_kept_in_a_rollback_prompt(codec):
     """A segment whose prompt holds earlier generated tokens: sampled only when `prompt_mask`
     says they were generated."""
     msgs = messages_for(codec)
-    text = msgs[2]["content"]
     prompt = codec.prompt_ids(msgs[:2])
-    gen = char_split(codec, text, "world")
-    cont = codec.continuation_ids(msgs[3:4])
+    gen = char_split(codec, msgs, 2, "world")
+    cont = codec.continuation_ids(msgs[3:4], history=msgs[:3], held_ids=prompt + gen)
     traj = Trajectory(prompt_ids=prompt + gen + cont, reason="rollback")
-    last = canonical(codec, msgs[4]["content"])
+    last = turn_ids(codec, msgs, 4)
     traj.add_generation(last, [-0.5] * len(last))
     convo = msgs[:5]
     mask = [0] * len(prompt) + [1] * len(gen) + [0] * len(cont)
     first = codec.drift(convo, traj.token_ids)
-    assert drift_report(codec, convo, traj, prompt_mask=mask) == DriftReport(first, "sampled")
-    assert drift_report(codec, convo, traj) == DriftReport(first, "bookkeeping")
+    assert_drift(codec, convo, traj, DriftReport(first, "sampled"), prompt_mask=mask)
+    # Unmarked, the split is context that the template would not write: bookkeeping, unless it
+    # lies where a rewriting template already departs (Qwen3's own: the think block before it).
+    rewrites_at = template_rewrites_at(codec, convo)
+    kind = "template" if rewrites_at is not None and first >= rewrites_at else "bookkeeping"
+    assert drift_report(codec, convo, traj) == DriftReport(first, kind)
     with pytest.raises(ValueError):
         drift_report(codec, convo, traj, prompt_mask=[0])
 

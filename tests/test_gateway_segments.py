@@ -32,8 +32,10 @@ from uniagent.models.base import Generation
 from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.tokens import ChatCodec, Trajectory
 
-# Real pairs whose model turn is its content + end-of-turn, as `Gen` scripts it (as in
-# test_conversation.py; Qwen3's own and gpt-oss's templates generate more than that).
+# Real pairs whose model turn is its content + end-of-turn, as `Gen` scripts it. Qwen3's own and
+# gpt-oss's templates generate more (a think block; a channel header), and the gateway's reply
+# keeps that in the message content (gpt-oss's template then refuses the history sent back), so
+# they are not run here yet; test_conversation.py runs them on `Gen.turn`.
 GATEWAY_PAIRS = ("qwen3-Qwen3-Coder", "llama3_1-own", "deepseek_v3-own", "gemma3-own")
 
 

@@ -1,5 +1,7 @@
-"""Every segment of an episode in the run store and its exports, with the real RunStore and the
-real SmolLM2 codec; a store written before segments existed still reads (as one segment)."""
+"""Every segment of an episode in the run store and its exports, with the real RunStore, on the
+real SmolLM2 codec and on each family's real tokenizer with its own template (the store and the
+exports only carry ids, so one pair per family covers them); a store written before segments
+existed still reads (as one segment)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from segment_helpers import two_segment_result
+import real_tokenizers as real
+from segment_helpers import REPLIES, two_segment_result
 from uniagent.cli import app
 from uniagent.runner.export import segment_records
 from uniagent.runner.store import RunStore, StoreError, episode_row
@@ -29,6 +32,12 @@ CREATE TABLE episodes (
 );
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+@pytest.fixture(scope="module", params=["smollm2", *real.OWN_PAIRS])
+def codec(request, codec):  # type: ignore[no-untyped-def]
+    """SmolLM2's codec and each family's real tokenizer with its own template."""
+    return real.codec_or_smol(request, codec)
 
 
 def old_store(path: Path, codec: ChatCodec) -> dict:
@@ -61,6 +70,9 @@ def test_every_segment_is_stored_and_token_counts_sum_over_them(tmp_path: Path, 
     assert [Trajectory.from_dict(t) for t in row["segments"]] == result.segments
     assert [t["reason"] for t in row["segments"]] == ["start", "rewritten"]
     # Generated tokens over every segment (the metrics carry no count of their own here).
+    turns = [t.response_ids[s.start : s.end] for t in result.segments for s in t.spans if s.kind == "model"]
+    for ids, text in zip(turns, REPLIES, strict=True):  # each turn as its template renders it
+        assert text in codec.decode(ids) and ids[-1] in codec.stop_token_ids
     per_segment = [t.num_model_tokens for t in result.segments]
     assert row["completion_tokens"] == sum(per_segment) and min(per_segment) > 0
     (light,) = store.rows(full=False)

@@ -13,6 +13,7 @@ from typing import Any
 from uniagent.tokens import Trajectory
 
 _ids = itertools.count(1)
+HELLO = [{"role": "user", "content": "hi"}]  # a history for a turn's render (it does not depend on it)
 
 
 class Gen:
@@ -24,6 +25,15 @@ class Gen:
 
     def __call__(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
         return self.ids(self.codec.encode(text) + (self.codec.eot_ids[-1:] if stop else []))
+
+    def turn(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
+        """A model turn saying `text` as the template renders one (Qwen3's own template: an empty
+        think block first; gpt-oss: a channel header, then <|return|>); `stop=False`: cut before
+        its end-of-turn."""
+        from tokens_sim import model_turn_ids
+
+        ids = model_turn_ids(self.codec, HELLO, {"role": "assistant", "content": text})
+        return self.ids(ids if stop else ids[:-1])
 
     def ids(self, ids: list[int]) -> tuple[list[int], list[float]]:
         """A generation of exactly these ids (e.g. a non-canonical split of some text)."""

@@ -117,6 +117,27 @@ def generated_ids(codec: ChatCodec, upto: list[dict[str, Any]], running: list[in
     return codec.encode(_assistant_text(codec, upto[-1])) + codec.eot_ids
 
 
+def model_turn_ids(
+    codec: ChatCodec, history: list[dict[str, Any]], message: dict[str, Any], running: list[int] | None = None
+) -> list[int]:
+    """The ids a model emits for the assistant `message` after `history`: what the template
+    renders for that turn after its generation prompt, through its end-of-turn (Qwen3's own
+    template: an empty think block first; gpt-oss: a channel header, then <|return|>, or <|call|>
+    after a tool call), not just the content and end-of-turn. `running` is the sequence the model
+    has seen (default: the prompt of `history`)."""
+    running = codec.prompt_ids(history) if running is None else running
+    upto = [*history, message]
+    full_text = codec.render(upto, add_generation_prompt=False)
+    prompt_text = codec.render(history)
+    if codec.encode(full_text)[: len(running)] != running and full_text.startswith(prompt_text):
+        # The template shows the held history otherwise (gpt-oss ends a past final answer with
+        # <|end|>, not the <|return|> the model sampled): the turn's text after the prompt.
+        rest = codec.encode(full_text[len(prompt_text) :])
+        stop = next(k for k, tok in enumerate(rest) if tok in set(codec.stop_token_ids))
+        return rest[: stop + 1]
+    return generated_ids(codec, upto, running, None)
+
+
 def _assistant_text(codec: ChatCodec, message: dict[str, Any]) -> str:
     content = message.get("content") or ""
     for call in message.get("tool_calls") or []:

@@ -67,10 +67,11 @@ def drift_report(
             f"prompt_mask has {len(prompt_mask)} entries for {len(trajectory.prompt_ids)} prompt ids"
         )
     mask = [*(prompt_mask or [0] * len(trajectory.prompt_ids)), *trajectory.response_mask]
-    bookkeeping, sampled = _align(codec, reference, ids, mask, ends_with_assistant)
+    bookkeeping, sampled, in_render = _align(codec, reference, ids, mask, ends_with_assistant)
     if bookkeeping is not None:
         rewrites = template_rewrites_at(codec, messages, tools)
-        if rewrites is not None and bookkeeping >= rewrites:
+        # compared where the render is (a sampled split before it shifts the running indices)
+        if rewrites is not None and in_render >= rewrites:
             return DriftReport(bookkeeping, "template")
         return DriftReport(bookkeeping, "bookkeeping")
     if sampled is not None:
@@ -120,14 +121,17 @@ def _drift_of(seg: Trajectory | dict[str, Any]) -> tuple[int | None, str | None]
 
 def _align(
     codec: ChatCodec, ref: list[int], ids: list[int], mask: list[int], ends_with_assistant: bool
-) -> tuple[int | None, int | None]:
-    """Walk `ids` against `ref`; returns (first bookkeeping index, first sampled index).
+) -> tuple[int | None, int | None, int]:
+    """Walk `ids` against `ref`; returns (first bookkeeping index, first sampled index, the index
+    in `ref` the bookkeeping difference stands at).
 
     Equal tokens are skipped. At a difference, the model run it falls in (or the model run a
     context tail of at most MERGE_SLACK tokens leads into) is decoded and looked up in `ref` as
     text; found, it is a sampled retokenization and the walk continues after it, allowing the
     re-encoding to spill up to MERGE_SLACK tokens into the following context. Anything else is
-    bookkeeping.
+    bookkeeping; in a model run whose text departs from the render part-way (gpt-oss ends a past
+    final answer with <|end|>, not the sampled <|return|>), at the token where the text departs,
+    so that a sampled split before it is not taken for the departure.
     """
     n, k, r = len(ids), 0, 0
     sampled: int | None = None
@@ -137,14 +141,14 @@ def _align(
             r += 1
         if k == n:
             if r < len(ref) and not ends_with_assistant:
-                return n, sampled  # the render goes on: tokens we never appended
-            return None, sampled
+                return n, sampled, r  # the render goes on: tokens we never appended
+            return None, sampled, r
         if r == len(ref):
-            return k, sampled  # tokens the render does not have
+            return k, sampled, r  # tokens the render does not have
         end = _run_end(mask, k)
         if not mask[k]:
             if end - k > MERGE_SLACK or end == n:
-                return k, sampled  # a context token the template would not write
+                return k, sampled, r  # a context token the template would not write
             end = _run_end(mask, end)  # a short context tail merged into the next model run
         spill_limit = _run_end(mask, end) if end < n else n
         found: tuple[int, int] | None = None
@@ -159,12 +163,41 @@ def _align(
                 found = (b, e)
                 break
         if found is None:
-            if text_only is None:
-                return k, sampled  # the model's text is not what the template renders
-            return end, (k if sampled is None else sampled)  # the context after it differs
+            if text_only is None:  # the model's text is not what the template renders
+                b, e = _text_departs(codec, ref, r, ids, k, end)
+                if b == k:
+                    return k, sampled, r
+                return b, (k if sampled is None else sampled), e
+            return end, (k if sampled is None else sampled), text_only  # the context after it differs
         if sampled is None:
             sampled = k
         k, r = found
+
+
+def _text_departs(
+    codec: ChatCodec, ref: list[int], r: int, ids: list[int], k: int, end: int
+) -> tuple[int, int]:
+    """Where the text of the model run `ids[k:end]` departs from the render's text at `ref[r:]`:
+    the first token of each that reaches past their common text, (b, e); (k, r) when the first
+    token already departs. Decoded lengths grow with the end, so binary searches find them."""
+    run_text = codec.decode(ids[k:end])
+    ref_text = codec.decode(ref[r : r + len(run_text.encode("utf-8")) + 2])
+    same = 0
+    while same < min(len(run_text), len(ref_text)) and run_text[same] == ref_text[same]:
+        same += 1
+    return _first_past(codec, ids, k, end, same), _first_past(codec, ref, r, len(ref), same)
+
+
+def _first_past(codec: ChatCodec, ids: list[int], start: int, stop: int, chars: int) -> int:
+    """The first index `b` in [start, stop) whose token takes the decoded text past `chars`."""
+    lo, hi = start, stop
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(codec.decode(ids[start : mid + 1])) > chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return min(lo, stop - 1) if stop > start else start
 
 
 def _run_end(mask: list[int], k: int) -> int:
