@@ -38,3 +38,11 @@ def test_table_with_a_shared_template_and_a_folder_without_one(monkeypatch) -> N
     result = CliRunner().invoke(app, ["tokens", "check", str(real.folder("gptoss"))])
     assert result.exit_code != 0
     assert "no chat template" in str(result.exception) and "--template FILE" in str(result.exception)
+
+
+def test_the_report_says_where_a_replys_answer_and_reasoning_go() -> None:
+    """Qwen3's own template: the answer after the think block, reasoning in `reasoning_content`."""
+    result = CliRunner().invoke(app, ["tokens", "check", str(real.folder("qwen3")), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    assert (report["reply_head"], report["reasoning_field"]) == ("<think>\n\n</think>\n\n", "reasoning_content")

@@ -176,7 +176,8 @@ class ModelCalls:
                 continue
             decode = session.codec.decode
             text = await asyncio.to_thread(decode, ids) if len(ids) > 256 else decode(ids)
-            visible, held = visible_prefix(text, markers)
+            answer = session.codec.reply_format.answer_so_far(text)
+            visible, held = visible_prefix(answer, markers)
             if len(visible) > len(sent):
                 yield "text", visible[len(sent) :]
                 sent = visible

@@ -193,6 +193,7 @@ class Turn:
     generation: Generation
     prompt_tokens: int
     chain: int
+    reasoning: str | None = None  # what the model wrote in the template's reasoning part
 
 
 class Session:
@@ -328,13 +329,17 @@ class Session:
             plan.step, gen.token_ids, gen.logprobs, gen.finish_reason, gen.versions
         )
         text = reply.text
+        # The answer without the template's own header or think block (tokens/reply.py): what
+        # the client shows and sends back, and what the template renders back to these tokens.
+        said = self.codec.reply_message(text)
+        answer, reasoning = said["content"], said.get(self.codec.reply_format.field)
         calls: list[ToolCall] = []
         format_error = None
         try:
-            parsed = self.parser.parse(text, plan.tools) if plan.tools else None
+            parsed = self.parser.parse(answer, plan.tools) if plan.tools else None
         except ToolFormatError as exc:
             parsed, format_error = None, str(exc)
-        content = text
+        content = answer
         if parsed is not None and parsed.calls:
             calls, content = parsed.calls, parsed.thought
             for call in calls:
@@ -348,14 +353,23 @@ class Session:
         if calls:
             client_msg["tool_calls"] = [c.to_openai() for c in calls]
         key = match_key(clean_message(client_msg, len(plan.step.messages)))
+        template = dict(said)
         if calls and self.native_tools:
-            template = {"role": "assistant", "content": content, "tool_calls": client_msg["tool_calls"]}
-        else:
-            template = {"role": "assistant", "content": text}
+            template.update(content=content, tool_calls=client_msg["tool_calls"])
         self.conversation.add_reply(reply, template, key)
         self.requests += 1
         chain = reply.segment.trajectory.chain
-        return Turn(text, content, calls, format_error, finish, generation, reply.prompt_tokens, chain)
+        return Turn(
+            text,
+            content,
+            calls,
+            format_error,
+            finish,
+            generation,
+            reply.prompt_tokens,
+            chain,
+            reasoning or None,
+        )
 
     def dropped(self, tokens: int) -> None:
         """A generation went away before it was recorded (its client left, the session closed):

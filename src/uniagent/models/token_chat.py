@@ -128,17 +128,19 @@ class TokenChatModel:
     def _turn(self, text: str, tools, finish_reason) -> AssistantTurn:
         format_error = None
         calls: list[ToolCall] = []
+        # the answer without the template's own header or think block (tokens/reply.py)
+        message = self.codec.reply_message(text)
+        answer = message["content"]
         try:
-            parsed = self.parser.parse(text, tools)
+            parsed = self.parser.parse(answer, tools)
             thought, calls = parsed.thought, parsed.calls
         except ToolFormatError as exc:
-            thought, format_error = text.strip(), str(exc)
+            thought, format_error = answer.strip(), str(exc)
         for call in calls:
             self._call_count += 1
             call.id = call.id or call_id(self._call_count)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls and self.native_tools:
-            message = {"role": "assistant", "content": thought, "tool_calls": [c.to_openai() for c in calls]}
+            message.update(content=thought, tool_calls=[c.to_openai() for c in calls])
         return AssistantTurn(
             text=text,
             thought=thought,

@@ -50,6 +50,8 @@ def token_report(spec: str | None, template_file: Path | None = None) -> dict[st
         "at_message": kind.at_message,
         "reason": kind.evidence,
         "codec_action": kind.action,
+        "reply_head": codec.reply_format.head,
+        "reasoning_field": codec.reply_format.field or None,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -56,9 +57,17 @@ def tokens_check(
             f"[{colour[report['kind']]}]{report['kind']}[/]"
             + (f" (on a {report['decided_on']} conversation)" if report["decided_on"] else ""),
         ),
+        ("reply's message", _reply(report)),
         ("why", report["reason"]),
         ("codec", f"[bold]{report['codec_action']}[/]"),
     ]
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+
+
+def _reply(report: dict[str, Any]) -> str:
+    """Where a reply's answer and reasoning go (tokens/reply.py)."""
+    head, field = report["reply_head"], report["reasoning_field"]
+    said = f"content after {head!r}" if head else "content = the reply's text"
+    return f"{said}, reasoning in {field!r}" if field else said

@@ -18,9 +18,10 @@ from uniagent.errors import TemplateError
 from uniagent.tokens.chunked import chunked_encoder, plain_encoder
 from uniagent.tokens.probe import TemplateFacts, continuation_text, probe_template, special_ids
 from uniagent.tokens.render import Messages, Tools, template_renderer
+from uniagent.tokens.reply import ReplyFormat, probe_reply_format
 from uniagent.tokens.template_kind import TemplateKind, classify
 
-_FACTS: dict[tuple[Any, ...], tuple[TemplateFacts, TemplateKind]] = {}
+_FACTS: dict[tuple[Any, ...], tuple[TemplateFacts, TemplateKind, ReplyFormat]] = {}
 _FACTS_LOCK = threading.Lock()
 
 
@@ -69,8 +70,9 @@ class ChatCodec:
             if found is None:
                 facts = probe_template(self.render, self.encode, tokenizer)
                 kind = classify(self.render, facts)
-                found = _FACTS[key] = (replace(facts, stateful=kind.stateful), kind)
-        self.facts, self._kind = found
+                reply = probe_reply_format(self.render, facts.prefix_messages())
+                found = _FACTS[key] = (replace(facts, stateful=kind.stateful), kind, reply)
+        self.facts, self._kind, self.reply_format = found
         self._boundary_ids = self._after_eot_ids(self.facts.boundary_text)
         self._special = special_ids(tokenizer)
 
@@ -115,6 +117,11 @@ class ChatCodec:
         """append_only / stateful / rewriting / refused, with the render that showed it and the
         codec's action (template_kind.py)."""
         return self._kind
+
+    def reply_message(self, text: str) -> dict[str, Any]:
+        """The assistant message of a reply's decoded text: the answer as `content`, reasoning in
+        the template's field, headers the template writes itself left out (tokens/reply.py)."""
+        return self.reply_format.message(text)
 
     @property
     def boundary_ids(self) -> list[int]:

@@ -59,6 +59,8 @@ class OpenAIChat(Wire):
         if turn.calls:
             message["tool_calls"] = [c.to_openai() for c in turn.calls]
             message["content"] = turn.content or None
+        if turn.reasoning:  # where vLLM's reasoning parsers put it
+            message["reasoning_content"] = turn.reasoning
         logprobs = None
         if ex.request.options.get("logprobs"):
             gen = turn.generation
