@@ -25,11 +25,13 @@ import real_tokenizers as real
 from test_gateway import BASH
 from token_checks import REFUSES_BOOM, Gen, assert_every_generated_token_once
 from uniagent.agent.result import EpisodeResult, ExitReason
+from uniagent.errors import TemplateError
 from uniagent.gateway import Gateway
 from uniagent.gateway.server import GatewayServer
 from uniagent.harness.session import attach_segments
 from uniagent.models.base import Generation
 from uniagent.models.replay import ReplayEngine, ReplayRecord
+from uniagent.parsers import get_parser
 from uniagent.tokens import ChatCodec, Trajectory
 
 # Real pairs, one per behaviour: Qwen3's own template (a think block the model writes, dropped
@@ -57,8 +59,12 @@ def smollm2_codec(smol_tokenizer) -> ChatCodec:  # type: ignore[no-untyped-def]
 
 
 def needs_tool_role(codec: ChatCodec) -> None:
-    """Gemma's templates raise on a tool message (roles must alternate): those tests skip there."""
-    if not codec.renders_tool_role:
+    """Gemma's templates raise on a tool message (roles must alternate): those tests skip there.
+    gpt-oss's takes a tool result after a call (`codec.renders_tool_role` asks after a plain turn)."""
+    call = own_call(bash("ls"))
+    try:
+        codec.render([TASK, call, {"role": "tool", "tool_call_id": "c", "content": "x"}], [BASH])
+    except TemplateError:
         pytest.skip("the template raises on the tool role (Gemma: roles must alternate user/assistant)")
 
 
@@ -101,9 +107,27 @@ class Harness:
         return segments
 
 
+# gpt-oss calls a tool in a message of its own (harmony), not in its answer: the scripted
+# `bash(...)` turns become its own call turns, read by the session's harmony parser.
+OWN_CALL_FORMAT = {"gptoss-own": "harmony"}
+
+
+def own_call(text: str) -> dict[str, Any] | None:
+    """The assistant message calling the tools a hermes-format `text` calls (None: no call)."""
+    parsed = get_parser("hermes").parse(text)
+    if not parsed.calls:
+        return None
+    return {
+        "role": "assistant",
+        "content": parsed.thought,
+        "tool_calls": [c.to_openai() for c in parsed.calls],
+    }
+
+
 @pytest_asyncio.fixture(loop_scope="session")
-async def harness(codec: ChatCodec) -> AsyncIterator[Any]:
+async def harness(codec: ChatCodec, request) -> AsyncIterator[Any]:  # type: ignore[no-untyped-def]
     servers: list[GatewayServer] = []
+    call_format = OWN_CALL_FORMAT.get(request.node.callspec.params.get("codec", ""))
 
     async def start(
         texts: list[str], gateway_codec: ChatCodec | None = None, versions: list[int] | None = None
@@ -112,14 +136,15 @@ async def harness(codec: ChatCodec) -> AsyncIterator[Any]:
         gen = Gen(codec)
         records = []
         for i, text in enumerate(texts):
-            ids, lps = gen.turn(text)  # as the template renders a model turn saying `text`
+            # as the template renders a model turn saying `text` (a call in its own format)
+            ids, lps = gen.turn(text, message=own_call(text) if call_format else None)
             tags = None if versions is None else [versions[i]] * len(ids)
             records.append(ReplayRecord("h", Generation(ids, lps, "stop", tags), i, None, "0" * 64))
         engine = ReplayEngine(records, match="request", strict=False)
         server = await GatewayServer(Gateway(engine, gateway_codec or codec)).start()
         servers.append(server)
         async with httpx.AsyncClient(base_url=server.url) as http:
-            r = await http.post("/sessions", json={"request_id": "h"})
+            r = await http.post("/sessions", json={"request_id": "h", "parser": call_format})
             assert r.status_code == 201, r.text
         return Harness(server, r.json()["session_id"], gen)
 

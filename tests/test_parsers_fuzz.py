@@ -7,7 +7,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uniagent.parsers import HermesParser, ParseResult, ToolCall, ToolFormatError, ToolParser, XMLParser
+from uniagent.parsers import (
+    HarmonyParser,
+    HermesParser,
+    ParseResult,
+    ToolCall,
+    ToolFormatError,
+    ToolParser,
+    XMLParser,
+)
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -32,7 +40,7 @@ TOOLS: list[dict[str, Any]] = [
     },
     {"name": "noop", "description": "Do nothing.", "parameters": {"type": "object", "properties": {}}},
 ]
-PARSERS: list[ToolParser] = [HermesParser(), XMLParser()]
+PARSERS: list[ToolParser] = [HermesParser(), XMLParser(), HarmonyParser()]
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 FRAGMENTS = [
@@ -149,8 +157,11 @@ names = st.text(
     args=st.dictionaries(names.filter(lambda n: n.strip() == n and n != ""), free_text, max_size=4),
 )
 def test_round_trip_without_schema(name: str, args: dict[str, str]) -> None:
-    """Without tools only string values survive the XML format, so the property uses strings."""
+    """Without tools only string values survive the XML format, so the property uses strings.
+    A harmony recipient is one word (`to=functions.NAME`): names with spaces or `<` are not its."""
     for parser in PARSERS:
+        if parser.name == "harmony" and any(c.isspace() or c == "<" for c in name):
+            continue
         assert parser.parse(parser.render_call(ToolCall(name, args))) == ParseResult(
             "", [ToolCall(name, args)]
         )

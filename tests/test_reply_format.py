@@ -85,35 +85,48 @@ def _call(command: str) -> str:
     return f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
 
 
-@pytest.mark.parametrize("pair", ["qwen3-own", "gptoss-own"])
-async def test_the_react_loop_sends_its_own_replies_back_and_they_render(pair: str) -> None:
+@pytest.mark.parametrize(("pair", "parser"), [("qwen3-own", "hermes"), ("gptoss-own", "harmony")])
+async def test_the_react_loop_sends_its_own_replies_back_and_they_render(pair: str, parser: str) -> None:
     """The loop appends `turn.message` to its history as is: on gpt-oss a header in the content
-    would make the next render fail; every generated token stays in the record once. (gpt-oss
-    calls tools in its own commentary-channel format, which no parser here reads: its turns are
-    plain; Qwen3's call tools in the hermes format.)"""
+    would make the next render fail. Qwen3 calls tools in the hermes format inside its answer,
+    gpt-oss in a commentary message of its own (harmony), after its analysis. One segment holds
+    every generated token, exactly as the template renders the episode."""
     codec = real.codec(pair)
     gen = Gen(codec)
-    tools = [BASH] if codec.renders_tool_role else None
-    texts = [_call("ls"), _call("cat calc.py"), "Fixed."] if tools else ["Looking.", "Found it.", "Fixed."]
-    records = [
-        ReplayRecord("r", Generation(*gen.turn(text), "stop"), i, None, "0" * 64)
-        for i, text in enumerate(texts)
-    ]
+    calls = [{"command": "ls"}, {"command": "cat calc.py"}]
+    if parser == "hermes":
+        turns = [gen.turn(_call(a["command"])) for a in calls]
+    else:
+        turns = [gen.turn("", message=_own_call(a, thought=f"Step {i}.")) for i, a in enumerate(calls)]
+    turns.append(gen.turn("Fixed."))
+    records = [ReplayRecord("r", Generation(*t, "stop"), i, None, "0" * 64) for i, t in enumerate(turns)]
     engine = ReplayEngine(records, match="request", strict=False)
-    model = TokenChatModel(engine, codec, get_parser("hermes"), request_id="r")
+    model = TokenChatModel(engine, codec, get_parser(parser), request_id="r")
     history = list(TASK)
     for i in range(3):
-        turn = await model.query(history, tools)
-        assert "<|channel|>" not in turn.message["content"] and "<think>" not in turn.message["content"]
+        turn = await model.query(history, [BASH])
+        assert "<|" not in turn.message["content"] and "<think>" not in turn.message["content"]
         history.append(turn.message)
-        if turn.tool_calls:
+        if i < 2:
+            assert [c.arguments for c in turn.tool_calls] == [calls[i]]
             history.append({"role": "tool", "tool_call_id": turn.tool_calls[0].id, "content": f"out {i}"})
-        elif i < 2:
-            history.append({"role": "user", "content": "Go on."})
     assert turn.message["content"] == "Fixed."
-    segments = model.finish(history, tools)
+    segments = model.finish(history, [BASH])
     assert_every_generated_token_once(segments, gen)
     assert [s.num_turns for s in segments] == [3]  # one segment: the history it handed out came back
+    if parser == "harmony":  # gpt-oss's template drops past analysis once a final answer exists
+        assert segments[0].drift_kind == "template"
+        assert (
+            segments[0].token_ids[: segments[0].drift]
+            == codec.encode(codec.render(history, [BASH]))[: segments[0].drift]
+        )
+    else:
+        assert segments[0].drift is None or segments[0].drift_kind == "template"
+
+
+def _own_call(arguments: dict[str, Any], thought: str = "") -> dict[str, Any]:
+    call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json.dumps(arguments)}}
+    return {"role": "assistant", "content": thought, "tool_calls": [call]}
 
 
 async def test_the_gateway_streams_the_answer_without_gpt_oss_headers() -> None:

@@ -45,4 +45,5 @@ def test_the_report_says_where_a_replys_answer_and_reasoning_go() -> None:
     result = CliRunner().invoke(app, ["tokens", "check", str(real.folder("qwen3")), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("{") :])
-    assert (report["reply_head"], report["reasoning_field"]) == ("<think>\n\n</think>\n\n", "reasoning_content")
+    said = (report["reply_head"], report["reasoning_field"])
+    assert said == ("<think>\n\n</think>\n\n", "reasoning_content")

@@ -26,13 +26,16 @@ class Gen:
     def __call__(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
         return self.ids(self.codec.encode(text) + (self.codec.eot_ids[-1:] if stop else []))
 
-    def turn(self, text: str, stop: bool = True) -> tuple[list[int], list[float]]:
-        """A model turn saying `text` as the template renders one (Qwen3's own template: an empty
-        think block first; gpt-oss: a channel header, then <|return|>); `stop=False`: cut before
-        its end-of-turn."""
+    def turn(
+        self, text: str, stop: bool = True, message: dict[str, Any] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """A model turn saying `text` (or the assistant `message`: a tool call in the template's
+        own format) as the template renders one (Qwen3's own template: an empty think block
+        first; gpt-oss: a channel header, then <|return|>); `stop=False`: cut before its
+        end-of-turn."""
         from tokens_sim import model_turn_ids
 
-        ids = model_turn_ids(self.codec, HELLO, {"role": "assistant", "content": text})
+        ids = model_turn_ids(self.codec, HELLO, message or {"role": "assistant", "content": text})
         return self.ids(ids if stop else ids[:-1])
 
     def ids(self, ids: list[int]) -> tuple[list[int], list[float]]:

@@ -10,12 +10,14 @@ from uniagent.parsers.base import (
     normalize_tools,
 )
 from uniagent.parsers.coerce import coerce_arguments, coerce_value
+from uniagent.parsers.harmony import HarmonyParser
 from uniagent.parsers.hermes import HermesParser
 from uniagent.parsers.prompt import inject_tools, tools_system_prompt
 from uniagent.parsers.registry import UnknownParserError, available_parsers, get_parser, register_parser
 from uniagent.parsers.xml import XMLParser
 
 __all__ = [
+    "HarmonyParser",
     "HermesParser",
     "ParseResult",
     "ToolCall",

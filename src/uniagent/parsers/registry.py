@@ -31,6 +31,7 @@ PARSERS = Registry(
         "hermes": Entry("uniagent.parsers.hermes:HermesParser", "<tool_call>{json}</tool_call>"),
         "xml": Entry("uniagent.parsers.xml:XMLParser", "<function=NAME><parameter=...>"),
         "qwen3_coder": Entry("uniagent.parsers.xml:qwen3_coder", "the xml format as Qwen3-Coder names it"),
+        "harmony": Entry("uniagent.parsers.harmony:HarmonyParser", "gpt-oss: to=functions.NAME…{json}"),
     },
     error=UnknownParserError,
     key=_key,
