@@ -34,16 +34,10 @@ from uniagent.models.replay import ReplayEngine, ReplayRecord
 from uniagent.parsers import get_parser
 from uniagent.tokens import ChatCodec, Trajectory
 
-# Real pairs, one per behaviour: Qwen3's own template (a think block the model writes, dropped
-# from past turns), gpt-oss's (a channel header; stateful and rewriting), and append-only ones.
-GATEWAY_PAIRS = (
-    "qwen3-own",
-    "gptoss-own",
-    "qwen3-Qwen3-Coder",
-    "llama3_1-own",
-    "deepseek_v3-own",
-    "gemma3-own",
-)
+# Every real pair: Qwen3's own template (a think block the model writes, dropped from past turns),
+# gpt-oss's (a channel header; stateful and rewriting), the append-only ones and Gemma's (no tool
+# role), each with its own template and the shared ones of its family.
+GATEWAY_PAIRS = tuple(real.PAIRS)
 
 
 @pytest.fixture(scope="module", params=["smollm2", *GATEWAY_PAIRS])
@@ -70,6 +64,15 @@ def needs_tool_role(codec: ChatCodec) -> None:
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 TASK = {"role": "user", "content": "Fix the bug in calc.py."}
+
+
+def opening(codec: ChatCodec) -> list[dict[str, Any]]:
+    """The system prompt, where the template has a system role (gemma-2's raises on one)."""
+    try:
+        codec.render([SYSTEM, TASK])
+    except TemplateError:
+        return []
+    return [SYSTEM]
 
 
 def bash(command: str) -> str:
@@ -161,7 +164,7 @@ def first_turn_end(seg: Trajectory) -> int:
 
 async def test_rewriting_the_last_assistant_rolls_back_to_the_exact_tokens(harness, codec) -> None:
     h = await harness(["I will read calc.py.", "It subtracts.", "It subtracts instead of adding.", "Fixed."])
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     a1 = await h.send(history)
     history += [a1, {"role": "user", "content": "What did you find?"}]
     await h.send(history)
@@ -179,7 +182,7 @@ async def test_rewriting_the_last_assistant_rolls_back_to_the_exact_tokens(harne
     # The new segment's prompt starts with the old segment's exact tokens (a1 as sampled) ...
     assert second.prompt_ids[:cut] == first.token_ids[:cut]
     # ... then the rest of the history as context: the rewritten a2 and the next user message.
-    assert second.prompt_ids[cut:] == codec.continuation_ids(history[3:6])
+    assert second.prompt_ids[cut:] == codec.continuation_ids(history[-5:-2])
     # Qwen3's own drops the past think block, gpt-oss ends a past answer with <|end|>: drift
     # of kind `template`, as the ReAct loop records it (test_conversation.py).
     if codec.kind.kind == "rewriting":
@@ -193,7 +196,7 @@ async def test_a_dropped_reply_rolls_back_after_the_last_kept_turn(harness, code
     needs_tool_role(codec)
     # mini-swe-agent drops a reply it cannot parse and sends a format error instead.
     h = await harness([bash("ls"), "no tool call here", bash("cat calc.py")])
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     a1 = await h.send(history, tools=True)
     assert a1["tool_calls"][0]["id"] == "call_1"  # one call-id format (parsers.call_id)
     history += [a1, {"role": "tool", "tool_call_id": "call_1", "content": "calc.py"}]
@@ -216,7 +219,7 @@ async def test_a_dropped_reply_rolls_back_after_the_last_kept_turn(harness, code
 async def test_a_rewritten_old_tool_result_rolls_back_before_it(harness, codec) -> None:
     needs_tool_role(codec)
     h = await harness([bash("cat calc.py"), bash("sed -i s/-/+/ calc.py"), "Done."])
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     a1 = await h.send(history, tools=True)
     history += [
         a1,
@@ -239,11 +242,11 @@ async def test_a_rewritten_old_tool_result_rolls_back_before_it(harness, codec) 
 
 async def test_a_condensed_history_starts_a_new_chain_and_the_old_one_is_kept(harness, codec) -> None:
     h = await harness(["Reading.", "Found it.", "Fixing it now.", "Done."])
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     for follow_up in ("Go on.", "Go on."):
         history += [await h.send(history), {"role": "user", "content": follow_up}]
     # The harness condenses: a summary replaces the old turns.
-    condensed = [SYSTEM, {"role": "user", "content": "Summary: you found the bug in calc.py. Fix it."}]
+    condensed = [*opening(codec), {"role": "user", "content": "Summary: you found the bug in calc.py. Fix it."}]
     a3 = await h.send(condensed)
     await h.send([*condensed, a3, {"role": "user", "content": "Finish."}])
 
@@ -258,8 +261,10 @@ async def test_a_condensed_history_starts_a_new_chain_and_the_old_one_is_kept(ha
 
 async def test_stripped_reasoning_keeps_every_reply_with_its_thinking(harness, codec) -> None:
     replies = [f"<think>step {i}: I should look closer</think>Answer {i}." for i in range(3)]
+    if "step 0" not in codec.decode(Gen(codec).turn(replies[0])[0]):
+        pytest.skip("the template renders no reasoning in a model turn (DeepSeek-V3.1 without thinking)")
     h = await harness(replies)
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     splits = "<think>" in codec.reply_format.opens  # Qwen3's own: the think block is the template's
     for i in range(3):
         reply = await h.send(history)
@@ -359,7 +364,7 @@ async def test_policy_versions_pass_through_the_gateway_into_each_segment(harnes
     """A harness agent in the trainer talks to the embedded engine through the gateway: the
     version of every generated token reaches the session's segments (context tokens -1)."""
     h = await harness(["I will read calc.py.", "It subtracts.", "Fixed."], versions=[4, 4, 5])
-    history = [SYSTEM, TASK]
+    history = [*opening(codec), TASK]
     a1 = await h.send(history)
     history += [a1, {"role": "user", "content": "What did you find?"}]
     await h.send(history)
