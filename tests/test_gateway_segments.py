@@ -246,7 +246,10 @@ async def test_a_condensed_history_starts_a_new_chain_and_the_old_one_is_kept(ha
     for follow_up in ("Go on.", "Go on."):
         history += [await h.send(history), {"role": "user", "content": follow_up}]
     # The harness condenses: a summary replaces the old turns.
-    condensed = [*opening(codec), {"role": "user", "content": "Summary: you found the bug in calc.py. Fix it."}]
+    condensed = [
+        *opening(codec),
+        {"role": "user", "content": "Summary: you found the bug in calc.py. Fix it."},
+    ]
     a3 = await h.send(condensed)
     await h.send([*condensed, a3, {"role": "user", "content": "Finish."}])
 
