@@ -116,6 +116,10 @@ class LocalRolloutServer:
         await self._open.wait()
         self.requests += 1
         prompt_ids = [int(t) for t in prompt_ids]
+        # a request under way (a reader can act while the rollout certainly runs, whatever it samples)
+        self._event(
+            "generating", request_id=request_id, prompt_tokens=len(prompt_ids), global_steps=self.global_steps
+        )
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room within {self.max_model_len}")
