@@ -134,12 +134,14 @@ class TorchChoice:
         )
 
 
-def _run_probe(env: dict[str, str], timeout: float = 120.0) -> tuple[dict | None, str]:
+def run_probe(code: str, env: dict[str, str], timeout: float = 120.0) -> tuple[dict | None, str]:
+    """Run `code` in a child interpreter under `env` (the ISA variables replaced): the JSON it printed on a
+    `PROBE ` line, or None and why it gave none (a crash there cannot take this process down)."""
     child_env = {k: v for k, v in os.environ.items() if k not in ISA_ENV}
     child_env.update(env)
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _PROBE], env=child_env, capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return None, f"no answer in {timeout:.0f} s"
@@ -154,7 +156,7 @@ def probe_torch(settings: tuple[tuple[str, dict[str, str]], ...] = TORCH_SETTING
     """Try each setting in a child interpreter (a crash there cannot take this process down)."""
     tried: dict[str, str] = {}
     for name, env in settings:
-        found, why = _run_probe(env)
+        found, why = run_probe(_PROBE, env)
         if found is not None:
             return TorchChoice(
                 name,
@@ -180,13 +182,14 @@ def torch_version() -> str:
         return "none"
 
 
-def _choice_path() -> Path:
-    return cache_root() / "cpu" / f"torch-{cpu_id()}-{torch_version()}.json"
+def probe_path(name: str) -> Path:
+    """Where a probe's finding for this CPU and torch is cached (`name`: the probe's)."""
+    return cache_root() / "cpu" / f"{name}-{cpu_id()}-{torch_version()}.json"
 
 
 def torch_choice(refresh: bool = False) -> TorchChoice:
     """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none."""
-    path = _choice_path()
+    path = probe_path("torch")
     if not refresh:
         with contextlib.suppress(OSError, ValueError, TypeError):
             return TorchChoice(**json.loads(path.read_text()))

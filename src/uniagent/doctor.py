@@ -157,8 +157,9 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
 
 def cpu_checks() -> list[Check]:
     """What was chosen by CPU feature, each found by running it here (`uniagent.cpu`): the CPU's
-    matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed) and the
-    llama-server build variant (smoke-tested when built)."""
+    matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed), the decode
+    attention kernel per dtype (timed in a child) and the llama-server build variant (smoke-tested when
+    built)."""
     from uniagent import cpu
     from uniagent.models.remote import llama_build
 
@@ -174,6 +175,9 @@ def cpu_checks() -> list[Check]:
     picked = precision.resolve("auto", "cpu")
     why = picked.why.removeprefix("auto: ")
     rows.append(Check("model.dtype auto", True, f"{picked.dtype} on cpu ({why})"))
+    from uniagent.models import attention
+
+    rows.append(Check("decode attention", True, attention.choice().describe()))
     import torch
 
     cuda = "yes" if torch.cuda.is_available() else "no"

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from uniagent.models import attention
+
 ATTENTION = "uniagent_sdpa"
 MAPPED_MIN_BYTES = 1 << 20  # keys/values from this size up get a mapping of their own
 _CHUNK = 256  # columns a buffer grows by when a decode step would overflow it
@@ -56,6 +58,7 @@ def gqa_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, except that on CPU grouped kv heads are never repeated (see above).
 
+    A decode step (one query per row) runs the kernel `models/attention.py` chose for this CPU and dtype.
     Elsewhere (CUDA: SDPA with a mask and `enable_gqa` falls back to its math kernel) it is the stock one.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -64,6 +67,10 @@ def gqa_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
+    if query.shape[2] == 1 and attention.choice().kernel(query.dtype) == "matmul":
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = attention.matmul_attention(query, key, value, attention_mask, scale)
+        return out.transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
@@ -93,6 +100,7 @@ def use_gqa_attention(model: torch.nn.Module) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
+    attention.choice()  # the decode kernel's probe (a child, once per CPU) runs here, not mid-step
     AttentionInterface.register(ATTENTION, gqa_sdpa_attention)
     if ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(ATTENTION, sdpa_mask)

@@ -1,0 +1,199 @@
+"""Decode attention on CPU: which kernel runs a decode step (one query per row), chosen by running both here.
+
+Why: torch's CPU SDPA (its flash-attention kernel) has a slow path for a single query. On an AMD EPYC
+with AVX512-BF16 and no AMX, a bf16 decode step of 4 rows over 1,100 keys took 2.2 ms per layer, 3x
+its own time for two queries per row and 5.8x plain matmuls in fp32 (0.40 ms). That was 47 % of the
+engine's decode step. In fp32 on the same CPU the two are close. Other CPUs differ (AMX, other torch
+builds), so nothing is assumed: `choice()` times both kernels per dtype in a child interpreter, once
+per CPU and torch version, like `uniagent.cpu`'s torch probe. A kernel that crashes there, or that
+disagrees with an fp32 reference, is never used. `uniagent doctor` shows what was picked and why.
+
+`matmul_attention` keeps the precision class of the SDPA kernel: the scores, softmax and weighted sum are
+fp32 whatever the cache holds (a bf16 matmul would round every score to 8 bits of mantissa). Only the
+output is cast back to the query's dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+KERNELS = ("sdpa", "matmul")
+MIN_SPEEDUP = 1.2  # matmul must beat SDPA by this much in the probe to be picked
+# The probe's decode shape: SmolLM2's heads (9 query over 3 kv heads of 64), 4 rows over 1,024 keys.
+_SHAPE = {"rows": 4, "heads": 9, "kv_heads": 3, "keys": 1024, "head_dim": 64}
+_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}  # max |out - fp32 reference| for a kernel to be trusted
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_PROBE = "import json\nfrom uniagent.models.attention import measure\nprint('PROBE', json.dumps(measure()))\n"
+
+
+def matmul_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention of one query per row, `query` [rows, heads, 1, dim], over grouped `key`/`value`
+    [rows, kv_heads, keys, dim], in fp32; `mask` is SDPA's (boolean: True attends; or additive),
+    broadcastable to [rows, 1, 1, keys]. Returns [rows, heads, 1, dim] in the query's dtype."""
+    rows, heads, _, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    q = query.reshape(rows, kv_heads, group, dim).float() * scale
+    scores = _scratch("scores", (rows, kv_heads, group, keys), query.device)
+    torch.matmul(q, _as_fp32(key, "key").transpose(-1, -2), out=scores)
+    if mask is not None:
+        mask = mask.reshape(mask.shape[0], 1, 1, mask.shape[-1])
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores += mask
+    scores -= scores.amax(dim=-1, keepdim=True)  # softmax in place: no fresh [rows, heads, keys] tensor
+    scores.exp_()
+    scores /= scores.sum(dim=-1, keepdim=True)
+    out = scores @ _as_fp32(value, "value")  # [rows, kv_heads, group, dim]
+    return out.reshape(rows, heads, 1, dim).to(query.dtype)
+
+
+# Reused per thread: a fresh multi-MB fp32 tensor per layer and step is mapped and page-faulted in on
+# every allocation (76,000 minor faults in 0.15 s of 4 rows x 1,024 keys: 3-6x the kernel's own time).
+_buffers = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An fp32 tensor of `shape` in this thread's buffer `name`, grown (never shrunk) as needed."""
+    held = _buffers.__dict__.setdefault("held", {})
+    need = math.prod(shape)
+    buf = held.get(name)
+    if buf is None or buf.numel() < need or buf.device != device:
+        buf = held[name] = torch.empty(need + need // 4, dtype=torch.float32, device=device)
+    return buf[:need].view(shape)
+
+
+def _as_fp32(t: torch.Tensor, name: str) -> torch.Tensor:
+    """`t` itself when fp32, else an fp32 copy in the scratch buffer `name` (valid until its next use)."""
+    if t.dtype == torch.float32:
+        return t
+    return _scratch(name, tuple(t.shape), t.device).copy_(t)
+
+
+def _sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+):
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+
+
+def _timed(fn: Any, seconds: float = 0.15) -> float:
+    """Median microseconds of `fn` over ~`seconds` (after a warm-up call)."""
+    fn()
+    times: list[float] = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(sorted(times)[len(times) // 2] * 1e6, 1)
+
+
+def measure() -> dict[str, Any]:
+    """Time both kernels per dtype on the probe's shape (run in the probe's child interpreter)."""
+    s = _SHAPE
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(s["rows"], s["heads"], 1, s["head_dim"], generator=gen)
+    # Keys and values as views into a larger buffer, as the engine's slot cache hands them over.
+    buffer = (s["rows"], s["kv_heads"], s["keys"] + 128, s["head_dim"])
+    key = torch.randn(buffer, generator=gen)[:, :, : s["keys"]]
+    value = torch.randn(buffer, generator=gen)[:, :, : s["keys"]]
+    mask = torch.ones(s["rows"], 1, 1, s["keys"], dtype=torch.bool)
+    mask[0, ..., :100] = False  # a left-padded row
+    scale = s["head_dim"] ** -0.5
+    with torch.inference_mode():
+        reference = _sdpa(query, key, value, mask, scale)
+        out: dict[str, Any] = {"threads": torch.get_num_threads(), "shape": s}
+        for name, dtype in _DTYPES.items():
+            q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
+            row: dict[str, Any] = {}
+            for kernel, fn in (("sdpa", _sdpa), ("matmul", matmul_attention)):
+                err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
+                args = (q, k, v, mask, scale)
+                row[kernel] = {"us": _timed(lambda fn=fn, args=args: fn(*args)), "max_err": err}
+            out[name] = row
+    return out
+
+
+@dataclass
+class DecodeChoice:
+    """The kernel picked per dtype name (`fp32`, `bf16`) and what the probe measured (or why it could not)."""
+
+    kernels: dict[str, str] = field(default_factory=lambda: dict.fromkeys(_DTYPES, "sdpa"))
+    measured: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    def kernel(self, dtype: torch.dtype) -> str:
+        name = next((n for n, d in _DTYPES.items() if d == dtype), None)
+        return self.kernels.get(name, "sdpa") if name else "sdpa"
+
+    def describe(self) -> str:
+        if self.why:
+            return f"sdpa ({self.why})"
+        parts = []
+        for name, kernel in self.kernels.items():
+            row = self.measured.get(name, {})
+            times = ", ".join(f"{k} {row[k]['us']:g} us" for k in KERNELS if k in row)
+            parts.append(f"{name} {kernel} ({times})")
+        s = self.measured.get("shape", _SHAPE)
+        return "; ".join(parts) + f" a layer of {s['rows']} rows x {s['keys']} keys"
+
+
+def pick(measured: dict[str, Any]) -> dict[str, str]:
+    """Per dtype: matmul where it agreed with the reference and beat SDPA by MIN_SPEEDUP, else sdpa."""
+    kernels = {}
+    for name in _DTYPES:
+        row = measured.get(name, {})
+        sdpa, mm = row.get("sdpa", {}), row.get("matmul", {})
+        trusted = mm.get("max_err", float("inf")) <= _TOLERANCE[name]
+        faster = sdpa.get("us", 0.0) >= MIN_SPEEDUP * mm.get("us", float("inf"))
+        kernels[name] = "matmul" if trusted and faster else "sdpa"
+    return kernels
+
+
+def probe() -> DecodeChoice:
+    """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`)."""
+    from uniagent import cpu
+
+    try:
+        env = cpu.torch_choice().env
+    except RuntimeError as exc:
+        return DecodeChoice(why=f"the CPU probe failed: {exc}")
+    found, why = cpu.run_probe(_PROBE, env)
+    if found is None:
+        return DecodeChoice(why=f"the attention probe failed: {why}")
+    return DecodeChoice(pick(found), found)
+
+
+@functools.cache
+def choice(refresh: bool = False) -> DecodeChoice:
+    """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none.
+    `UNIAGENT_CPU_PROBE=0` keeps SDPA without probing."""
+    from uniagent import cpu
+    from uniagent.jsonio import write_json_atomic
+
+    if os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
+        return DecodeChoice(why="UNIAGENT_CPU_PROBE=0")
+    path = cpu.probe_path("attention")
+    if not refresh:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return DecodeChoice(**json.loads(path.read_text()))
+    found = probe()
+    if not found.why:
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, asdict(found))
+    return found
