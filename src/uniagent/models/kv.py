@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from uniagent.models import attention
+import uniagent.models.attention as attention
 
 ATTENTION = "uniagent_sdpa"
 MAPPED_MIN_BYTES = 1 << 20  # keys/values from this size up get a mapping of their own
