@@ -110,8 +110,8 @@ def measure() -> dict[str, Any]:
     query = torch.randn(s["rows"], s["heads"], 1, s["head_dim"], generator=gen)
     # Keys and values as views into a larger buffer, as the engine's slot cache hands them over.
     buffer = (s["rows"], s["kv_heads"], s["keys"] + 128, s["head_dim"])
-    key = torch.randn(buffer, generator=gen)[:, :, : s["keys"]]
-    value = torch.randn(buffer, generator=gen)[:, :, : s["keys"]]
+    keys, values = torch.randn(buffer, generator=gen), torch.randn(buffer, generator=gen)
+    key, value = keys[:, :, : s["keys"]], values[:, :, : s["keys"]]
     mask = torch.ones(s["rows"], 1, 1, s["keys"], dtype=torch.bool)
     mask[0, ..., :100] = False  # a left-padded row
     scale = s["head_dim"] ** -0.5
@@ -119,7 +119,8 @@ def measure() -> dict[str, Any]:
         reference = _sdpa(query, key, value, mask, scale)
         out: dict[str, Any] = {"threads": torch.get_num_threads(), "shape": s}
         for name, dtype in _DTYPES.items():
-            q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
+            q = query.to(dtype)
+            k, v = keys.to(dtype)[:, :, : s["keys"]], values.to(dtype)[:, :, : s["keys"]]
             row: dict[str, Any] = {}
             for kernel, fn in (("sdpa", _sdpa), ("matmul", matmul_attention)):
                 err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
