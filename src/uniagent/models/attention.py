@@ -85,7 +85,7 @@ def _as_fp32(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def _sdpa(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
-):
+) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scale, enable_gqa=True
     )
