@@ -25,8 +25,10 @@ import platform
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from uniagent.jsonio import write_json_atomic
 
@@ -34,6 +36,7 @@ from uniagent.jsonio import write_json_atomic
 MATRIX_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
                 "amx_int8", "amx_fp16")  # fmt: skip
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -187,16 +190,25 @@ def probe_path(name: str) -> Path:
     return cache_root() / "cpu" / f"{name}-{cpu_id()}-{torch_version()}.json"
 
 
-def torch_choice(refresh: bool = False) -> TorchChoice:
-    """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none."""
-    path = probe_path("torch")
+def cached_probe(name: str, kind: type[T], probe: Callable[[], T], refresh: bool = False,
+                 keep: Callable[[T], bool] = lambda _: True) -> T:  # fmt: skip
+    """Probe `name`'s finding (a dataclass `kind`) for this CPU and torch: read from its cache file
+    (`probe_path`), else measured by `probe` once and written there when `keep` says it may be reused
+    (a probe that could not run is not cached: the next start tries again)."""
+    path = probe_path(name)
     if not refresh:
         with contextlib.suppress(OSError, ValueError, TypeError):
-            return TorchChoice(**json.loads(path.read_text()))
-    choice = probe_torch()
-    with contextlib.suppress(OSError):
-        write_json_atomic(path, asdict(choice))
-    return choice
+            return kind(**json.loads(path.read_text()))
+    found = probe()
+    if keep(found):
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, asdict(found))  # type: ignore[arg-type]
+    return found
+
+
+def torch_choice(refresh: bool = False) -> TorchChoice:
+    """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none."""
+    return cached_probe("torch", TorchChoice, probe_torch, refresh)
 
 
 _applied: TorchChoice | None = None

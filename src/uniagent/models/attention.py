@@ -10,44 +10,59 @@ disagrees with an fp32 reference, is never used. `uniagent doctor` shows what wa
 
 `matmul_attention` keeps the precision class of the SDPA kernel: the scores, softmax and weighted sum are
 fp32 whatever the cache holds (a bf16 matmul would round every score to 8 bits of mantissa). Only the
-output is cast back to the query's dtype.
+output is cast back to the query's dtype. With `native` (bf16 caches) its two products run in the C
+kernels of `attention_native.py`, which widen the cache as they read it instead of copying it to fp32
+first; the probe offers that kernel where a C compiler builds it, and times it like the others.
+
+The probe's shape is agent-sized (8 rows over 3,072 keys): the copy the native kernel saves grows with
+the context, and at 4 rows x 1,024 keys all three kernels were within 1.2x of each other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-KERNELS = ("sdpa", "matmul")
-MIN_SPEEDUP = 1.2  # matmul must beat SDPA by this much in the probe to be picked
-# The probe's decode shape: SmolLM2's heads (9 query over 3 kv heads of 64), 4 rows over 1,024 keys.
-_SHAPE = {"rows": 4, "heads": 9, "kv_heads": 3, "keys": 1024, "head_dim": 64}
+from uniagent.models import attention_native
+
+KERNELS = ("sdpa", "matmul", "native")
+MIN_SPEEDUP = 1.2  # a kernel must beat SDPA by this much in the probe to be picked
+# The probe's decode shape: SmolLM2's heads (9 query over 3 kv heads of 64), 8 rows over 3,072 keys.
+_SHAPE = {"rows": 8, "heads": 9, "kv_heads": 3, "keys": 3072, "head_dim": 64}
 _TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}  # max |out - fp32 reference| for a kernel to be trusted
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _PROBE = "import json\nfrom uniagent.models.attention import measure\nprint('PROBE', json.dumps(measure()))\n"
 
 
 def matmul_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    native: Any = None,
 ) -> torch.Tensor:
     """Attention of one query per row, `query` [rows, heads, 1, dim], over grouped `key`/`value`
     [rows, kv_heads, keys, dim], in fp32; `mask` is SDPA's (boolean: True attends; or additive),
-    broadcastable to [rows, 1, 1, keys]. Returns [rows, heads, 1, dim] in the query's dtype."""
+    broadcastable to [rows, 1, 1, keys]. Returns [rows, heads, 1, dim] in the query's dtype. `native`:
+    the loaded native library, used where it takes the operands (`attention_native.fits`)."""
     rows, heads, _, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
     q = query.reshape(rows, kv_heads, group, dim).float() * scale
     scores = _scratch("scores", (rows, kv_heads, group, keys), query.device)
-    torch.matmul(q, _as_fp32(key, "key").transpose(-1, -2), out=scores)
+    in_place = native is not None and attention_native.fits(query, key, value)
+    if in_place:
+        attention_native.scores(native, q.contiguous(), key, scores)
+    else:
+        torch.matmul(q, _as_fp32(key, "key").transpose(-1, -2), out=scores)
     if mask is not None:
         mask = mask.reshape(mask.shape[0], 1, 1, mask.shape[-1])
         if mask.dtype == torch.bool:
@@ -57,8 +72,25 @@ def matmul_attention(
     scores -= scores.amax(dim=-1, keepdim=True)  # softmax in place: no fresh [rows, heads, keys] tensor
     scores.exp_()
     scores /= scores.sum(dim=-1, keepdim=True)
-    out = scores @ _as_fp32(value, "value")  # [rows, kv_heads, group, dim]
+    if in_place:
+        out = _scratch("out", (rows, kv_heads, group, dim), query.device)
+        attention_native.weighted(native, scores, value, out)
+    else:
+        out = scores @ _as_fp32(value, "value")  # [rows, kv_heads, group, dim]
     return out.reshape(rows, heads, 1, dim).to(query.dtype)
+
+
+def single_query(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor | None:
+    """A decode step's attention with the kernel chosen for this CPU and dtype; None where SDPA is the
+    choice (the caller runs its stock call)."""
+    found = choice()
+    kernel = found.kernel(query.dtype)
+    if kernel == "sdpa":
+        return None
+    native = found.native_library() if kernel == "native" else None
+    return matmul_attention(query, key, value, mask, scale, native)
 
 
 # Reused per thread: a fresh multi-MB fp32 tensor per layer and step is mapped and page-faulted in on
@@ -104,7 +136,8 @@ def _timed(fn: Any, seconds: float = 0.15) -> float:
 
 
 def measure() -> dict[str, Any]:
-    """Time both kernels per dtype on the probe's shape (run in the probe's child interpreter)."""
+    """Time each kernel per dtype on the probe's shape (run in the probe's child interpreter). The native
+    kernel is built here (bf16 only) unless `UNIAGENT_NATIVE_ATTENTION=0`; it is run in this child first."""
     s = _SHAPE
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(s["rows"], s["heads"], 1, s["head_dim"], generator=gen)
@@ -115,19 +148,57 @@ def measure() -> dict[str, Any]:
     mask = torch.ones(s["rows"], 1, 1, s["keys"], dtype=torch.bool)
     mask[0, ..., :100] = False  # a left-padded row
     scale = s["head_dim"] ** -0.5
+    out: dict[str, Any] = {"threads": torch.get_num_threads(), "shape": s}
+    kernels: dict[str, Any] = {"sdpa": _sdpa, "matmul": matmul_attention}
     with torch.inference_mode():
         reference = _sdpa(query, key, value, mask, scale)
-        out: dict[str, Any] = {"threads": torch.get_num_threads(), "shape": s}
+        native = _native_builds(query, keys, values, mask, scale, reference)
+        out["native"] = native
+        if "path" in native:
+            lib = attention_native.load(native["path"])
+            kernels["native"] = functools.partial(matmul_attention, native=lib)
         for name, dtype in _DTYPES.items():
             q = query.to(dtype)
             k, v = keys.to(dtype)[:, :, : s["keys"]], values.to(dtype)[:, :, : s["keys"]]
             row: dict[str, Any] = {}
-            for kernel, fn in (("sdpa", _sdpa), ("matmul", matmul_attention)):
+            for kernel, fn in kernels.items():
+                if kernel == "native" and not attention_native.fits(q, k, v):
+                    continue
                 err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
                 args = (q, k, v, mask, scale)
                 row[kernel] = {"us": _timed(lambda fn=fn, args=args: fn(*args)), "max_err": err}
             out[name] = row
     return out
+
+
+def _native_builds(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    reference: Any,
+) -> dict[str, Any]:
+    """Build each native variant this CPU reports and time it on the bf16 probe shape: the fastest one that
+    agrees with `reference` (`path`, `variant`), each one's time (`us`), or why there is none (`why`)."""
+    if os.environ.get("UNIAGENT_NATIVE_ATTENTION", "1") == "0":
+        return {"why": "UNIAGENT_NATIVE_ATTENTION=0"}
+    n = mask.shape[-1]
+    q = query.to(torch.bfloat16)
+    k, v = keys.to(torch.bfloat16)[:, :, :n], values.to(torch.bfloat16)[:, :, :n]
+    timed: dict[str, Any] = {}
+    why = ""
+    for name, flags in attention_native.variants():
+        path, why = attention_native.build(name, flags)
+        if path is None:
+            continue
+        fn = functools.partial(matmul_attention, native=attention_native.load(str(path)))
+        if float((fn(q, k, v, mask, scale).float() - reference).abs().max()) <= _TOLERANCE["bf16"]:
+            timed[name] = (_timed(lambda fn=fn: fn(q, k, v, mask, scale)), str(path))
+    if not timed:
+        return {"why": why or "no build agreed with the reference"}
+    best = min(timed, key=lambda name: timed[name][0])
+    return {"variant": best, "path": timed[best][1], "us": {name: t for name, (t, _) in timed.items()}}
 
 
 @dataclass
@@ -137,6 +208,11 @@ class DecodeChoice:
     kernels: dict[str, str] = field(default_factory=lambda: dict.fromkeys(_DTYPES, "sdpa"))
     measured: dict[str, Any] = field(default_factory=dict)
     why: str = ""
+    native: str = ""  # the native kernel's library, where it was built and run by the probe
+
+    def native_library(self) -> Any:
+        """The native kernel's library, loaded once; None where it is gone (the matmul path runs)."""
+        return _load_native(self.native) if self.native else None
 
     def kernel(self, dtype: torch.dtype) -> str:
         name = next((n for n, d in _DTYPES.items() if d == dtype), None)
@@ -151,23 +227,42 @@ class DecodeChoice:
             times = ", ".join(f"{k} {row[k]['us']:g} us" for k in KERNELS if k in row)
             parts.append(f"{name} {kernel} ({times})")
         s = self.measured.get("shape", _SHAPE)
-        return "; ".join(parts) + f" a layer of {s['rows']} rows x {s['keys']} keys"
+        native = self.measured.get("native", {})
+        built = (
+            f"native {native['variant']} build" if "variant" in native else f"no native: {native.get('why')}"
+        )
+        return "; ".join(parts) + f" a layer of {s['rows']} rows x {s['keys']} keys; {built}"
+
+
+@functools.cache
+def _load_native(path: str) -> Any:
+    try:
+        return attention_native.load(path)
+    except OSError:
+        return None
 
 
 def pick(measured: dict[str, Any]) -> dict[str, str]:
-    """Per dtype: matmul where it agreed with the reference and beat SDPA by MIN_SPEEDUP, else sdpa."""
+    """Per dtype: the fastest kernel that agreed with the reference and beat SDPA by MIN_SPEEDUP, else
+    sdpa."""
     kernels = {}
     for name in _DTYPES:
         row = measured.get(name, {})
-        sdpa, mm = row.get("sdpa", {}), row.get("matmul", {})
-        trusted = mm.get("max_err", float("inf")) <= _TOLERANCE[name]
-        faster = sdpa.get("us", 0.0) >= MIN_SPEEDUP * mm.get("us", float("inf"))
-        kernels[name] = "matmul" if trusted and faster else "sdpa"
+        sdpa_us = row.get("sdpa", {}).get("us", 0.0)
+        fit = {
+            k: r["us"]
+            for k, r in row.items()
+            if k != "sdpa"
+            and r.get("max_err", float("inf")) <= _TOLERANCE[name]
+            and sdpa_us >= MIN_SPEEDUP * r["us"]
+        }
+        kernels[name] = min(fit, key=fit.__getitem__) if fit else "sdpa"
     return kernels
 
 
 def probe() -> DecodeChoice:
-    """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`)."""
+    """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`). A
+    child that dies is asked again without the native kernel (the only code built here)."""
     from uniagent import cpu
 
     try:
@@ -176,8 +271,13 @@ def probe() -> DecodeChoice:
         return DecodeChoice(why=f"the CPU probe failed: {exc}")
     found, why = cpu.run_probe(_PROBE, env)
     if found is None:
-        return DecodeChoice(why=f"the attention probe failed: {why}")
-    return DecodeChoice(pick(found), found)
+        found, _ = cpu.run_probe(_PROBE, {**env, "UNIAGENT_NATIVE_ATTENTION": "0"})
+        if found is None:
+            return DecodeChoice(why=f"the attention probe failed: {why}")
+        found["native"] = {"why": f"its probe died ({why})"}
+    kernels = pick(found)
+    native = found.get("native", {}).get("path", "") if "native" in kernels.values() else ""
+    return DecodeChoice(kernels, found, native=native)
 
 
 @functools.cache
@@ -185,16 +285,8 @@ def choice(refresh: bool = False) -> DecodeChoice:
     """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none.
     `UNIAGENT_CPU_PROBE=0` keeps SDPA without probing."""
     from uniagent import cpu
-    from uniagent.jsonio import write_json_atomic
 
     if os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
         return DecodeChoice(why="UNIAGENT_CPU_PROBE=0")
-    path = cpu.probe_path("attention")
-    if not refresh:
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            return DecodeChoice(**json.loads(path.read_text()))
-    found = probe()
-    if not found.why:
-        with contextlib.suppress(OSError):
-            write_json_atomic(path, asdict(found))
-    return found
+    name = f"attention-{attention_native.source_hash()}"  # a changed native kernel is probed again
+    return cpu.cached_probe(name, DecodeChoice, probe, refresh, keep=lambda found: not found.why)

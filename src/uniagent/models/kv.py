@@ -67,10 +67,11 @@ def gqa_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    if query.shape[2] == 1 and attention.choice().kernel(query.dtype) == "matmul":
+    if query.shape[2] == 1:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = attention.matmul_attention(query, key, value, attention_mask, scale)
-        return out.transpose(1, 2).contiguous(), None
+        out = attention.single_query(query, key, value, attention_mask, scale)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,

@@ -1,0 +1,107 @@
+"""The native decode attention kernel (`attention_native.c`): built here, for this CPU, on first use.
+
+torch has no CPU product of bf16 operands with an fp32 result, so `matmul_attention` copies each
+layer's bf16 keys and values to fp32 before its matmuls; at agent-sized contexts that copy, not the
+arithmetic, was the decode step (73 % of it at 8 rows x 4K keys). The C kernels widen each row as they
+read it. They are compiled with the first C compiler found (`$CC`, `cc`, `gcc`) for the widest
+instruction set the CPU reports (AVX-512, else AVX2, else none), cached per CPU and source, and only
+trusted once the attention probe's child has run them against its fp32 reference (`attention.py`).
+No compiler: the kernel is not offered, and the probe picks among the others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from uniagent import cpu
+
+SOURCE = Path(__file__).with_name("attention_native.c")
+# (name, the CPU flag it needs, compiler flags): the first whose flag this CPU reports is built.
+VARIANTS = (
+    ("avx512", "avx512f", ["-mavx512f", "-mavx2", "-mfma"]),
+    ("avx2", "avx2", ["-mavx2", "-mfma"]),
+    ("generic", "", []),
+)
+MAX_DIM = 512
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def variants() -> list[tuple[str, list[str]]]:
+    """The builds this CPU reports it can run, widest first (the probe times each: wider is not always
+    faster, e.g. where AVX-512 runs as two 256-bit halves)."""
+    have = set(cpu.flags())
+    return [(name, flags) for name, need, flags in VARIANTS if not need or need in have]
+
+
+def build(name: str, flags: list[str]) -> tuple[Path | None, str]:
+    """The kernel's shared library built with `flags` for this CPU (built once, then reused), or None
+    and why not."""
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (CC, cc or gcc) to build it"
+    path = cpu.cache_root() / "cpu" / f"attention-native-{cpu.cpu_id()}-{source_hash()}-{name}.so"
+    if path.exists():
+        return path, ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        built = Path(tmp) / path.name
+        cmd = [cc, "-O3", "-fPIC", "-shared", "-fopenmp", *flags, str(SOURCE), "-o", str(built)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return None, f"{cc} failed: {proc.stderr.strip()[-200:]}"
+        os.replace(built, path)  # whole or not at all: a concurrent start never loads half a file
+    return path, ""
+
+
+@functools.cache
+def load(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    for fn in (lib.ua_scores, lib.ua_weighted):
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 8 + [ctypes.c_int]
+        fn.restype = None
+    return lib
+
+
+def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the kernel takes these operands: a bf16 CPU cache with contiguous head dims."""
+    dim = query.shape[-1]
+    return (
+        key.dtype == value.dtype == torch.bfloat16
+        and key.device.type == "cpu"
+        and key.stride(-1) == value.stride(-1) == 1
+        and dim % 16 == 0
+        and dim <= MAX_DIM
+    )
+
+
+def scores(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, out: torch.Tensor) -> None:
+    """out[r, h, g, j] = q[r, h, g] . key[r, h, j]; q and out contiguous fp32, [rows, kv_heads, group, *]."""
+    rows, heads, group, dim = q.shape
+    lib.ua_scores(q.data_ptr(), key.data_ptr(), out.data_ptr(), rows, heads, group, key.shape[2], dim,
+                  *key.stride()[:3], torch.get_num_threads())  # fmt: skip
+
+
+def weighted(lib: ctypes.CDLL, p: torch.Tensor, value: torch.Tensor, out: torch.Tensor) -> None:
+    """out[r, h, g] = sum_j p[r, h, g, j] * value[r, h, j]; p and out contiguous fp32."""
+    rows, heads, group, keys = p.shape
+    lib.ua_weighted(p.data_ptr(), value.data_ptr(), out.data_ptr(), rows, heads, group, keys, value.shape[-1],
+                    *value.stride()[:3], torch.get_num_threads())  # fmt: skip
