@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from uniagent.models import attention_native
+import uniagent.models.attention_native as attention_native
 
 KERNELS = ("sdpa", "matmul", "native")
 MIN_SPEEDUP = 1.2  # a kernel must beat SDPA by this much in the probe to be picked
