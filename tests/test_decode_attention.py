@@ -174,6 +174,30 @@ def test_native_kernel_equals_sdpa_on_a_strided_bf16_cache_with_either_mask(nati
     assert not attention_native.fits(q.float(), k.float(), v.float())  # fp32 takes the matmul path
 
 
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim"),
+    [(2, 2, 16), (8, 4, 48), (9, 3, 64), (28, 4, 128), (32, 2, 80), (40, 4, 144)],
+)
+def test_native_products_equal_fp64_for_every_group_and_dim_tiling(native_lib, q_heads, kv_heads, dim) -> None:
+    """The AVX-512 build tiles groups (1 to 8 at a time, 16/G keys each) and dims (64, then 16 at a time):
+    group sizes 1, 2, 3, 7, 16 and 10, dims 16 to 144, and key counts that leave part tiles."""
+    gen = torch.Generator().manual_seed(dim)
+    group = q_heads // kv_heads
+    for keys in (1, 7, 301):
+        q = torch.randn(2, kv_heads, group, dim, generator=gen).to(torch.bfloat16).float()
+        k, v = (torch.randn(2, kv_heads, keys + 5, dim, generator=gen).to(torch.bfloat16)[:, :, 2 : keys + 2]
+                for _ in range(2))  # fmt: skip
+        p = torch.softmax(torch.randn(2, kv_heads, group, keys, generator=gen), -1)
+        want_s = torch.einsum("rhgd,rhkd->rhgk", q.double(), k.double())
+        want_o = torch.einsum("rhgk,rhkd->rhgd", p.double(), v.double())
+        for lib in native_lib.values():
+            s, o = torch.full_like(p, float("nan")), torch.full_like(q, float("nan"))
+            attention_native.scores(lib, q, k, s)
+            attention_native.weighted(lib, p, v, o)
+            assert (s.double() - want_s).abs().max() < 1e-4 * dim
+            assert (o.double() - want_o).abs().max() < 1e-5
+
+
 def test_the_native_build_is_cached_and_a_failed_compile_says_why(
     native_lib, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
