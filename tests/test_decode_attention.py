@@ -178,7 +178,7 @@ def test_native_kernel_equals_sdpa_on_a_strided_bf16_cache_with_either_mask(nati
     ("q_heads", "kv_heads", "dim"),
     [(2, 2, 16), (8, 4, 48), (9, 3, 64), (28, 4, 128), (32, 2, 80), (40, 4, 144)],
 )
-def test_native_products_equal_fp64_for_every_group_and_dim_tiling(native_lib, q_heads, kv_heads, dim) -> None:
+def test_native_products_equal_fp64_for_every_group_and_dim_tile(native_lib, q_heads, kv_heads, dim) -> None:
     """The AVX-512 build tiles groups (1 to 8 at a time, 16/G keys each) and dims (64, then 16 at a time):
     group sizes 1, 2, 3, 7, 16 and 10, dims 16 to 144, and key counts that leave part tiles."""
     gen = torch.Generator().manual_seed(dim)
