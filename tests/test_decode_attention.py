@@ -213,6 +213,8 @@ def test_the_native_build_is_cached_and_a_failed_compile_says_why(
     assert path is None and "failed" in why
     monkeypatch.setattr(attention_native, "compiler", lambda: None)
     assert attention_native.build(name, flags) == (None, "no C compiler (CC, cc or gcc) to build it")
+    gone = DecodeChoice({"fp32": "sdpa", "bf16": "native"}, {}, native=str(tmp_path / "cleared.so"))
+    assert gone.native_library() is None  # a cleared cache: decode takes the matmul path, not an error
 
 
 @pytest.mark.slow

@@ -137,7 +137,7 @@ def _timed(fn: Any, seconds: float = 0.15) -> float:
 
 def measure() -> dict[str, Any]:
     """Time each kernel per dtype on the probe's shape (run in the probe's child interpreter). The native
-    kernel is built here (bf16 only) unless `UNIAGENT_NATIVE_ATTENTION=0`; it is run in this child first."""
+    kernel is built here (bf16 only) unless `UNIAGENT_NATIVE_ATTENTION=0`, and run in this child only."""
     s = _SHAPE
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(s["rows"], s["heads"], 1, s["head_dim"], generator=gen)
@@ -152,53 +152,46 @@ def measure() -> dict[str, Any]:
     kernels: dict[str, Any] = {"sdpa": _sdpa, "matmul": matmul_attention}
     with torch.inference_mode():
         reference = _sdpa(query, key, value, mask, scale)
-        native = _native_builds(query, keys, values, mask, scale, reference)
-        out["native"] = native
-        if "path" in native:
-            lib = attention_native.load(native["path"])
-            kernels["native"] = functools.partial(matmul_attention, native=lib)
         for name, dtype in _DTYPES.items():
             q = query.to(dtype)
             k, v = keys.to(dtype)[:, :, : s["keys"]], values.to(dtype)[:, :, : s["keys"]]
             row: dict[str, Any] = {}
             for kernel, fn in kernels.items():
-                if kernel == "native" and not attention_native.fits(q, k, v):
-                    continue
                 err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
                 args = (q, k, v, mask, scale)
                 row[kernel] = {"us": _timed(lambda fn=fn, args=args: fn(*args)), "max_err": err}
+            if name == "bf16":  # the native kernel reads bf16 caches only
+                out["native"] = native = _native_builds(q, k, v, mask, scale, reference)
+                if "path" in native:
+                    row["native"] = {"us": native["us"][native["variant"]], "max_err": native["max_err"]}
             out[name] = row
     return out
 
 
 def _native_builds(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    reference: Any,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, reference: Any
 ) -> dict[str, Any]:
-    """Build each native variant this CPU reports and time it on the bf16 probe shape: the fastest one that
-    agrees with `reference` (`path`, `variant`), each one's time (`us`), or why there is none (`why`)."""
+    """Build each native variant this CPU reports and time it on the bf16 probe operands: the fastest one
+    that agrees with `reference` (`path`, `variant`, its `max_err`), each one's time (`us`), or why there
+    is none (`why`)."""
     if os.environ.get("UNIAGENT_NATIVE_ATTENTION", "1") == "0":
         return {"why": "UNIAGENT_NATIVE_ATTENTION=0"}
-    n = mask.shape[-1]
-    q = query.to(torch.bfloat16)
-    k, v = keys.to(torch.bfloat16)[:, :, :n], values.to(torch.bfloat16)[:, :, :n]
     timed: dict[str, Any] = {}
     why = ""
     for name, flags in attention_native.variants():
         path, why = attention_native.build(name, flags)
-        if path is None:
+        lib = attention_native.load(str(path)) if path else None
+        if lib is None:
             continue
-        fn = functools.partial(matmul_attention, native=attention_native.load(str(path)))
-        if float((fn(q, k, v, mask, scale).float() - reference).abs().max()) <= _TOLERANCE["bf16"]:
-            timed[name] = (_timed(lambda fn=fn: fn(q, k, v, mask, scale)), str(path))
+        fn = functools.partial(matmul_attention, native=lib)
+        err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
+        if err <= _TOLERANCE["bf16"]:
+            timed[name] = (_timed(lambda fn=fn: fn(q, k, v, mask, scale)), str(path), err)
     if not timed:
         return {"why": why or "no build agreed with the reference"}
     best = min(timed, key=lambda name: timed[name][0])
-    return {"variant": best, "path": timed[best][1], "us": {name: t for name, (t, _) in timed.items()}}
+    _, path, err = timed[best]
+    return {"variant": best, "path": path, "max_err": err, "us": {name: t[0] for name, t in timed.items()}}
 
 
 @dataclass
@@ -212,7 +205,7 @@ class DecodeChoice:
 
     def native_library(self) -> Any:
         """The native kernel's library, loaded once; None where it is gone (the matmul path runs)."""
-        return _load_native(self.native) if self.native else None
+        return attention_native.load(self.native) if self.native else None
 
     def kernel(self, dtype: torch.dtype) -> str:
         name = next((n for n, d in _DTYPES.items() if d == dtype), None)
@@ -235,13 +228,6 @@ class DecodeChoice:
 
 
 @functools.cache
-def _load_native(path: str) -> Any:
-    try:
-        return attention_native.load(path)
-    except OSError:
-        return None
-
-
 def pick(measured: dict[str, Any]) -> dict[str, str]:
     """Per dtype: the fastest kernel that agreed with the reference and beat SDPA by MIN_SPEEDUP, else
     sdpa."""

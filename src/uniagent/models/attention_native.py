@@ -73,8 +73,13 @@ def build(name: str, flags: list[str]) -> tuple[Path | None, str]:
 
 
 @functools.cache
-def load(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
+def load(path: str) -> ctypes.CDLL | None:
+    """The built library at `path`, loaded once per process; None where it is gone (a cleared cache):
+    callers then take the matmul path rather than fail a decode step."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
     for fn in (lib.ua_scores, lib.ua_weighted):
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 8 + [ctypes.c_int]
         fn.restype = None
