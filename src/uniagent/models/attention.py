@@ -227,7 +227,6 @@ class DecodeChoice:
         return "; ".join(parts) + f" a layer of {s['rows']} rows x {s['keys']} keys; {built}"
 
 
-@functools.cache
 def pick(measured: dict[str, Any]) -> dict[str, str]:
     """Per dtype: the fastest kernel that agreed with the reference and beat SDPA by MIN_SPEEDUP, else
     sdpa."""
