@@ -61,16 +61,33 @@ def test_pick_needs_agreement_and_a_clear_speedup() -> None:
     def row(sdpa: float, mm: float, err: float = 0.0) -> dict:
         return {"sdpa": {"us": sdpa, "max_err": 0.0}, "matmul": {"us": mm, "max_err": err}}
 
-    assert pick({"fp32": row(300, 290), "bf16": row(2000, 400)}) == {"fp32": "sdpa", "bf16": "matmul"}
+    assert pick({"fp32": row(300, 290), "bf16": row(2000, 400)}) == {
+        "fp32": "sdpa",
+        "bf16": "matmul",
+        "prefill": "sdpa",
+    }
     assert pick({"fp32": row(300, 100, err=1.0), "bf16": row(2000, 400, err=0.5)}) == {
         "fp32": "sdpa",
         "bf16": "sdpa",
+        "prefill": "sdpa",
     }
-    assert pick({}) == {"fp32": "sdpa", "bf16": "sdpa"}  # nothing measured: the stock kernel
+    assert pick({}) == {
+        "fp32": "sdpa",
+        "bf16": "sdpa",
+        "prefill": "sdpa",
+    }  # nothing measured: the stock kernel
     three = row(2000, 400) | {"native": {"us": 150, "max_err": 0.0}}
-    assert pick({"bf16": three}) == {"fp32": "sdpa", "bf16": "native"}  # the fastest trusted one
+    assert pick({"bf16": three}) == {
+        "fp32": "sdpa",
+        "bf16": "native",
+        "prefill": "sdpa",
+    }  # the fastest trusted one
     three["native"]["max_err"] = 1.0
-    assert pick({"bf16": three}) == {"fp32": "sdpa", "bf16": "matmul"}
+    assert pick({"bf16": three}) == {"fp32": "sdpa", "bf16": "matmul", "prefill": "sdpa"}
+    prefill = {"sdpa": {"us": 200, "max_err": 0.0}, "native": {"us": 190, "max_err": 0.0}}
+    assert pick({"prefill": prefill})["prefill"] == "sdpa"  # 1.05x: not worth a kernel of our own
+    prefill["native"]["us"] = 130
+    assert pick({"prefill": prefill})["prefill"] == "native"
 
 
 @pytest.fixture
@@ -85,7 +102,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_crashing_probe_keeps_sdpa_and_says_why(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "_PROBE", CRASH + attention._PROBE)
     found = attention.choice()
-    assert found.kernels == {"fp32": "sdpa", "bf16": "sdpa"} and "SIGSEGV" in found.why
+    assert found.kernels == {"fp32": "sdpa", "bf16": "sdpa", "prefill": "sdpa"} and "SIGSEGV" in found.why
     assert found.kernel(torch.bfloat16) == "sdpa" and "SIGSEGV" in found.describe()
     assert not list((cache / "cpu").glob("attention-*.json"))  # a failure is not cached
 
@@ -122,7 +139,7 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
 
 def test_probe_off_keeps_sdpa(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIAGENT_CPU_PROBE", "0")
-    assert attention.choice().kernels == {"fp32": "sdpa", "bf16": "sdpa"}
+    assert attention.choice().kernels == {"fp32": "sdpa", "bf16": "sdpa", "prefill": "sdpa"}
 
 
 @pytest.mark.slow
@@ -198,6 +215,57 @@ def test_native_products_equal_fp64_for_every_group_and_dim_tile(native_lib, q_h
             assert (o.double() - want_o).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim", "queries", "keys"),
+    [
+        (9, 3, 64, 37, 300),
+        (9, 3, 64, 150, 150),
+        (32, 8, 128, 50, 170),
+        (16, 1, 64, 20, 90),
+        (8, 8, 256, 33, 100),
+    ],
+)
+def test_native_prefill_equals_sdpa_with_prefix_padding_and_causal(
+    native_lib, q_heads, kv_heads, dim, queries, keys
+) -> None:
+    """The prefill kernel (AVX-512 builds; the others say they have none) against fp32 SDPA: a kept
+    prefix, a left-padded row, a row whose first queries see only themselves, no mask with causal, and
+    a query that sees nothing (zeros, never NaN)."""
+    gen = torch.Generator().manual_seed(dim + queries)
+    rows = 3
+    q = torch.randn(rows, q_heads, queries, dim, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(rows, kv_heads, keys + 7, dim, generator=gen).to(torch.bfloat16)[:, :, 3 : keys + 3]
+            for _ in range(2))  # fmt: skip
+    mask = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries).repeat(rows, 1, 1, 1)
+    mask[0, ..., : min(100, keys - queries)] = False
+    mask[1, 0, : queries // 2] = False
+    mask[1, 0, torch.arange(1, queries // 2), torch.arange(1, queries // 2)] = True  # row 1, query 0: nothing
+    for lib_name, lib in native_lib.items():
+        for m, causal in ((mask, False), (None, True)):
+            got = attention_native.prefill(lib, q, k, v, m, causal, dim**-0.5)
+            if not lib_name.startswith("avx512"):
+                assert got is None
+                continue
+            assert got is not None and got.shape == (rows, queries, q_heads, dim)
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q.float(),
+                k.float(),
+                v.float(),
+                attn_mask=m,
+                is_causal=causal,
+                scale=dim**-0.5,
+                enable_gqa=True,
+            ).transpose(1, 2)
+            seen = torch.ones(rows, queries, dtype=torch.bool)
+            if m is not None:
+                seen[1, 0] = False
+                assert (got[1, 0] == 0).all()
+            assert (got.float() - want)[seen].abs().max() < 2e-2
+    assert (
+        attention_native.prefill(lib, q.float(), k.float(), v.float(), None, True, 0.1) is None
+    )  # fp32: SDPA
+
+
 def test_the_native_build_is_cached_and_a_failed_compile_says_why(
     native_lib, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,22 +301,32 @@ async def test_bf16_engine_decode_with_the_native_kernel_matches_the_matmul_kern
     path = str(next(iter(native_lib.values()))._name)
     try:
 
-        async def run(kernel: str) -> list:
-            chosen = DecodeChoice(dict.fromkeys(("fp32", "bf16"), kernel), native=path)
+        async def run(kernel: str, prefill: str = "sdpa") -> list:
+            chosen = DecodeChoice({"fp32": kernel, "bf16": kernel, "prefill": prefill}, native=path)
             monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
             return await asyncio.gather(
-                *(engine.generate(p, greedy(max_tokens=16), f"{kernel}-{i}") for i, p in enumerate(prompts))
+                *(
+                    engine.generate(p, greedy(max_tokens=16), f"{kernel}-{prefill}-{i}")
+                    for i, p in enumerate(prompts)
+                )
             )
 
         with_matmul, with_native = await run("matmul"), await run("native")
+        if next(iter(native_lib)).startswith("avx512"):  # the builds with a prefill kernel
+            both_native = await run("native", prefill="native")
+            for a, b in zip(with_matmul, both_native, strict=True):
+                _assert_bf16_noise(a, b)
     finally:
         engine.close()
     for a, b in zip(with_matmul, with_native, strict=True):
-        same = next(
-            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y), None
-        )
-        common = min(len(a.token_ids), len(b.token_ids)) if same is None else same
-        assert common >= 5
-        assert max(abs(x - y) for x, y in zip(a.logprobs[:common], b.logprobs[:common], strict=False)) < 0.2
-        if same is not None:  # a near tie, not a different distribution
-            assert a.logprobs[same] < -0.5 and b.logprobs[same] < -0.5
+        _assert_bf16_noise(a, b)
+
+
+def _assert_bf16_noise(a, b) -> None:
+    """Greedy tokens equal until a near tie, logprobs within bf16 noise over the common tokens."""
+    same = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y), None)
+    common = min(len(a.token_ids), len(b.token_ids)) if same is None else same
+    assert common >= 5
+    assert max(abs(x - y) for x, y in zip(a.logprobs[:common], b.logprobs[:common], strict=False)) < 0.2
+    if same is not None:  # a near tie, not a different distribution
+        assert a.logprobs[same] < -0.5 and b.logprobs[same] < -0.5

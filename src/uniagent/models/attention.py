@@ -16,6 +16,9 @@ first; the probe offers that kernel where a C compiler builds it, and times it l
 
 The probe's shape is agent-sized (8 rows over 3,072 keys): the copy the native kernel saves grows with
 the context, and at 4 rows x 1,024 keys all three kernels were within 1.2x of each other.
+
+Prefill (many queries per row) is chosen the same way, for bf16: SDPA or the native library's prefill
+kernel (`attention_prefill.c`, AVX-512 builds), timed on 2 rows of 256 new tokens over 2,048 keys.
 """
 
 from __future__ import annotations
@@ -36,9 +39,29 @@ KERNELS = ("sdpa", "matmul", "native")
 MIN_SPEEDUP = 1.2  # a kernel must beat SDPA by this much in the probe to be picked
 # The probe's decode shape: SmolLM2's heads (9 query over 3 kv heads of 64), 8 rows over 3,072 keys.
 _SHAPE = {"rows": 8, "heads": 9, "kv_heads": 3, "keys": 3072, "head_dim": 64}
-_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}  # max |out - fp32 reference| for a kernel to be trusted
+# The prefill probe: 2 rows of 256 new tokens after 1,792 kept ones (causal, one row left-padded).
+_PREFILL = {"rows": 2, "queries": 256, "keys": 2048}
+_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "prefill": 2e-2}  # max |out - fp32 reference| to be trusted
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_ROWS = (*_DTYPES, "prefill")  # what is chosen: decode per dtype, and bf16 prefill
 _PROBE = "import json\nfrom uniagent.models.attention import measure\nprint('PROBE', json.dumps(measure()))\n"
+
+
+def multi_query(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor | None:
+    """A prefill's attention in the native kernel where the probe picked it for this CPU, as
+    [rows, queries, heads, dim]; None where SDPA runs (not picked, or operands it does not take)."""
+    found = choice()
+    if found.kernels.get("prefill") != "native":
+        return None
+    lib = found.native_library()
+    return attention_native.prefill(lib, query, key, value, mask, causal, scale) if lib else None
 
 
 def matmul_attention(
@@ -164,8 +187,35 @@ def measure() -> dict[str, Any]:
                 out["native"] = native = _native_builds(q, k, v, mask, scale, reference)
                 if "path" in native:
                     row["native"] = {"us": native["us"][native["variant"]], "max_err": native["max_err"]}
+                    out["prefill"] = _prefill_row(attention_native.load(native["path"]), gen)
+                    out["prefill_shape"] = _PREFILL
             out[name] = row
     return out
+
+
+def _prefill_row(lib: Any, gen: torch.Generator) -> dict[str, Any]:
+    """SDPA and the native prefill kernel (where this build has one) timed on the bf16 prefill probe."""
+    s, p = _SHAPE, _PREFILL
+    q = torch.randn(p["rows"], s["heads"], p["queries"], s["head_dim"], generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(p["rows"], s["kv_heads"], p["keys"], s["head_dim"], generator=gen).to(torch.bfloat16)
+            for _ in range(2))  # fmt: skip
+    past = p["keys"] - p["queries"]
+    mask = torch.ones(p["queries"], p["keys"], dtype=torch.bool).tril(past).repeat(p["rows"], 1, 1, 1)
+    mask[0, ..., :100] = False  # a left-padded row
+    scale = s["head_dim"] ** -0.5
+    reference = _sdpa(q.float(), k.float(), v.float(), mask, scale)
+    kernels: dict[str, Any] = {
+        "sdpa": lambda: _sdpa(q, k, v, mask, scale).transpose(1, 2),
+        "native": lambda: attention_native.prefill(lib, q, k, v, mask, False, scale),
+    }
+    row: dict[str, Any] = {}
+    for kernel, fn in kernels.items():
+        got = fn()
+        if got is None:
+            continue  # this build has no prefill kernel (AVX-512 only)
+        err = float((got.float() - reference.transpose(1, 2)).abs().max())
+        row[kernel] = {"us": _timed(fn), "max_err": err}
+    return row
 
 
 def _native_builds(
@@ -196,9 +246,10 @@ def _native_builds(
 
 @dataclass
 class DecodeChoice:
-    """The kernel picked per dtype name (`fp32`, `bf16`) and what the probe measured (or why it could not)."""
+    """The kernel picked for decode per dtype name (`fp32`, `bf16`) and for bf16 prefill (`prefill`), and
+    what the probe measured (or why it could not)."""
 
-    kernels: dict[str, str] = field(default_factory=lambda: dict.fromkeys(_DTYPES, "sdpa"))
+    kernels: dict[str, str] = field(default_factory=lambda: dict.fromkeys(_ROWS, "sdpa"))
     measured: dict[str, Any] = field(default_factory=dict)
     why: str = ""
     native: str = ""  # the native kernel's library, where it was built and run by the probe
@@ -224,14 +275,18 @@ class DecodeChoice:
         built = (
             f"native {native['variant']} build" if "variant" in native else f"no native: {native.get('why')}"
         )
-        return "; ".join(parts) + f" a layer of {s['rows']} rows x {s['keys']} keys; {built}"
+        p = self.measured.get("prefill_shape", _PREFILL)
+        return "; ".join(parts) + (
+            f" a layer of {s['rows']} rows x {s['keys']} keys (prefill: {p['rows']} x {p['queries']} new over"
+            f" {p['keys']}); {built}"
+        )
 
 
 def pick(measured: dict[str, Any]) -> dict[str, str]:
     """Per dtype: the fastest kernel that agreed with the reference and beat SDPA by MIN_SPEEDUP, else
     sdpa."""
     kernels = {}
-    for name in _DTYPES:
+    for name in _ROWS:
         row = measured.get(name, {})
         sdpa_us = row.get("sdpa", {}).get("us", 0.0)
         fit = {

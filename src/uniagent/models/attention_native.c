@@ -19,34 +19,11 @@
  * (the last dimension contiguous). dim: a multiple of 16, at most 512.
  */
 #include <stdint.h>
-#include <string.h>
 
 #define BLOCK 256 /* keys a task takes in the scores product: rows x heads alone is too few tasks */
 
 #if defined(__AVX512F__)
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE v16f widen16(const uint16_t *x) {
-    v16h h;
-    memcpy(&h, x, sizeof h);
-    v16u u = __builtin_convertvector(h, v16u) << 16;
-    v16f f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-INLINE v16f load16(const float *x) {
-    v16f f;
-    memcpy(&f, x, sizeof f);
-    return f;
-}
-
-INLINE void store16(float *x, v16f f) { memcpy(x, &f, sizeof f); }
+#include "attention_native.h"
 
 /* 2 shuffles + 1 add: lanes of a and b pairwise summed `w` apart, a's results first. */
 #define FOLD(a, b, lo, hi) (__builtin_shuffle((a), (b), (v16i)lo) + __builtin_shuffle((a), (b), (v16i)hi))

@@ -24,9 +24,13 @@ import torch
 
 from uniagent import cpu
 
-SOURCE = Path(__file__).with_name("attention_native.c")
+_HERE = Path(__file__).parent
+# One library: the decode products and the prefill kernel (AVX-512 builds only; elsewhere it says so).
+SOURCES = (_HERE / "attention_native.c", _HERE / "attention_prefill.c")
+HEADER = _HERE / "attention_native.h"
 # (name, the CPU flag it needs, compiler flags): the first whose flag this CPU reports is built.
 VARIANTS = (
+    ("avx512bf16", "avx512_bf16", ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"]),
     ("avx512", "avx512f", ["-mavx512f", "-mavx2", "-mfma"]),
     ("avx2", "avx2", ["-mavx2", "-mfma"]),
     ("generic", "", []),
@@ -35,7 +39,10 @@ MAX_DIM = 512
 
 
 def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for path in (*SOURCES, HEADER):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def compiler() -> str | None:
@@ -49,7 +56,10 @@ def variants() -> list[tuple[str, list[str]]]:
     """The builds this CPU reports it can run, widest first (the probe times each: wider is not always
     faster, e.g. where AVX-512 runs as two 256-bit halves)."""
     have = set(cpu.flags())
-    return [(name, flags) for name, need, flags in VARIANTS if not need or need in have]
+    found = [(name, flags) for name, need, flags in VARIANTS if not need or need in have]
+    if "avx512_bf16" in have:  # the same decode code as plain AVX-512, plus bf16 pairs in prefill
+        found = [(name, flags) for name, flags in found if name != "avx512"]
+    return found
 
 
 def build(name: str, flags: list[str]) -> tuple[Path | None, str]:
@@ -64,7 +74,7 @@ def build(name: str, flags: list[str]) -> tuple[Path | None, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        cmd = [cc, "-O3", "-fPIC", "-shared", "-fopenmp", *flags, str(SOURCE), "-o", str(built)]
+        cmd = [cc, "-O3", "-fPIC", "-shared", "-fopenmp", *flags, *map(str, SOURCES), "-o", str(built)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             return None, f"{cc} failed: {proc.stderr.strip()[-200:]}"
@@ -83,6 +93,8 @@ def load(path: str) -> ctypes.CDLL | None:
     for fn in (lib.ua_scores, lib.ua_weighted):
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 8 + [ctypes.c_int]
         fn.restype = None
+    lib.ua_prefill.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 18 + [ctypes.c_float, ctypes.c_int]
+    lib.ua_prefill.restype = ctypes.c_int
     return lib
 
 
@@ -110,3 +122,47 @@ def weighted(lib: ctypes.CDLL, p: torch.Tensor, value: torch.Tensor, out: torch.
     rows, heads, group, keys = p.shape
     lib.ua_weighted(p.data_ptr(), value.data_ptr(), out.data_ptr(), rows, heads, group, keys, value.shape[-1],
                     *value.stride()[:3], torch.get_num_threads())  # fmt: skip
+
+
+def prefill(
+    lib: ctypes.CDLL,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor | None:
+    """Attention of many queries per row, `query` [rows, heads, queries, dim] over grouped `key`/`value`
+    [rows, kv_heads, keys, dim], all bf16 (`attention_prefill.c`); `mask` boolean (True attends),
+    broadcastable to [rows, 1, queries, keys], or None with `causal` as SDPA's `is_causal`. Returns
+    [rows, queries, heads, dim] (the layout attention modules hand on), or None where the kernel does
+    not take these operands or this build has none: the caller runs SDPA."""
+    rows, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    if not (
+        query.dtype == key.dtype == value.dtype == torch.bfloat16
+        and query.device.type == "cpu"
+        and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+        and dim % 64 == 0
+        and dim <= 256
+        and heads % kv_heads == 0
+        and heads // kv_heads <= 16
+    ):
+        return None
+    m_ptr, m_row, m_pos = None, 0, 0
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+            return None
+        mask = mask.expand(rows, 1, queries, keys)
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
+        m_ptr, m_row, m_pos = mask.data_ptr(), mask.stride(0), mask.stride(2)
+    out = torch.empty(rows, queries, heads, dim, dtype=torch.bfloat16)
+    done = lib.ua_prefill(
+        query.data_ptr(), key.data_ptr(), value.data_ptr(), m_ptr, out.data_ptr(),
+        rows, heads, kv_heads, queries, keys, dim,
+        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], m_row, m_pos,
+        0 if causal else -1, scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out if done == 0 else None

@@ -58,7 +58,8 @@ def gqa_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, except that on CPU grouped kv heads are never repeated (see above).
 
-    A decode step (one query per row) runs the kernel `models/attention.py` chose for this CPU and dtype.
+    A decode step (one query per row) runs the kernel `models/attention.py` chose for this CPU and dtype,
+    a bf16 prefill the prefill kernel it chose.
     Elsewhere (CUDA: SDPA with a mask and `enable_gqa` falls back to its math kernel) it is the stock one.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -73,6 +74,12 @@ def gqa_sdpa_attention(
         if out is not None:
             return out.transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if not dropout:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        causal_only = attention_mask is None and causal
+        out = attention.multi_query(query, key, value, attention_mask, scale, causal_only)
+        if out is not None:
+            return out, None
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
