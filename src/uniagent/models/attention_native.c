@@ -87,22 +87,11 @@ static void scores_span(const float *qh, const uint16_t *kh, float *sh, long g0,
         for (long g = g0; g < g0 + G; g++) sh[g * keys + j] = dot(qh + g * dim, kh + j * k_key, dim);
 }
 
-/* s[r, h, g, j] = q[r, h, g, :] . k[r, h, j, :] */
-void ua_scores(const float *q, const uint16_t *k, float *s, long rows, long heads, long group, long keys,
-               long dim, long k_row, long k_head, long k_key, int threads) {
-    const long blocks = (keys + BLOCK - 1) / BLOCK;
-#pragma omp parallel for collapse(3) schedule(static) num_threads(threads)
-    for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++)
-            for (long b = 0; b < blocks; b++) {
-                const float *qh = q + (r * heads + h) * group * dim;
-                float *sh = s + (r * heads + h) * group * keys;
-                const uint16_t *kh = k + r * k_row + h * k_head;
-                const long end = (b + 1) * BLOCK < keys ? (b + 1) * BLOCK : keys;
-                for (long g0 = 0; g0 < group; g0 += 8)
-                    scores_span(qh, kh, sh, g0, group - g0 < 8 ? (int)(group - g0) : 8, b * BLOCK, end, keys, dim,
-                                k_key);
-            }
+/* The scores of one head's groups over keys [start, end). */
+static void scores_block(const float *qh, const uint16_t *kh, float *sh, long start, long end, long group, long keys,
+                         long dim, long k_key) {
+    for (long g0 = 0; g0 < group; g0 += 8)
+        scores_span(qh, kh, sh, g0, group - g0 < 8 ? (int)(group - g0) : 8, start, end, keys, dim, k_key);
 }
 
 /* One tile of the weighted sum: groups g0..g0+G (G <= 4) x dims d0..d0+16C (C <= 4) over every key. */
@@ -129,26 +118,16 @@ INLINE void weighted_tile(const float *ph, const uint16_t *vh, float *oh, long g
             weighted_tile(ph, vh, oh, g0, d0, keys, dim, v_key, n, 1); \
         break;
 
-/* out[r, h, g, :] = sum_j p[r, h, g, j] * v[r, h, j, :] */
-void ua_weighted(const float *p, const uint16_t *v, float *out, long rows, long heads, long group, long keys,
-                 long dim, long v_row, long v_head, long v_key, int threads) {
-    const long chunks = (dim + 63) / 64; /* 64 dims (4 vectors) a task; the last may be 16-dim pieces */
-#pragma omp parallel for collapse(3) schedule(static) num_threads(threads)
-    for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++)
-            for (long c0 = 0; c0 < chunks; c0++) {
-                const float *ph = p + (r * heads + h) * group * keys;
-                float *oh = out + (r * heads + h) * group * dim;
-                const uint16_t *vh = v + r * v_row + h * v_head;
-                const long stop = (c0 + 1) * 64 < dim ? (c0 + 1) * 64 : dim;
-                for (long d0 = c0 * 64; d0 < stop;) {
-                    const int C = stop - d0 >= 64 ? 4 : 1;
-                    for (long g0 = 0; g0 < group; g0 += 4) switch (group - g0 < 4 ? group - g0 : 4) {
-                            WEIGHTED_CASE(1) WEIGHTED_CASE(2) WEIGHTED_CASE(3) WEIGHTED_CASE(4)
-                        }
-                    d0 += 16 * C;
-                }
+/* The weighted sums of one head's groups over dims [start, stop): 4 vectors at a time, then 1. */
+static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long start, long stop, long group,
+                          long keys, long dim, long v_key) {
+    for (long d0 = start; d0 < stop;) {
+        const int C = stop - d0 >= 64 ? 4 : 1;
+        for (long g0 = 0; g0 < group; g0 += 4) switch (group - g0 < 4 ? group - g0 : 4) {
+                WEIGHTED_CASE(1) WEIGHTED_CASE(2) WEIGHTED_CASE(3) WEIGHTED_CASE(4)
             }
+        d0 += 16 * C;
+    }
 }
 
 #else /* plain loops: widen a row to fp32, then sum over it */
@@ -161,6 +140,43 @@ static inline float widen(uint16_t x) {
     return v.f;
 }
 
+static void scores_block(const float *qh, const uint16_t *kh, float *sh, long start, long end, long group, long keys,
+                         long dim, long k_key) {
+    float kf[512];
+    for (long j = start; j < end; j++) {
+        const uint16_t *kr = kh + j * k_key;
+        for (long d = 0; d < dim; d++) kf[d] = widen(kr[d]);
+        for (long g = 0; g < group; g++) {
+            const float *qg = qh + g * dim;
+            float acc[LANES] = {0};
+            for (long d = 0; d < dim; d += LANES)
+                for (int l = 0; l < LANES; l++) acc[l] += qg[d + l] * kf[d + l];
+            float sum = 0;
+            for (int l = 0; l < LANES; l++) sum += acc[l];
+            sh[g * keys + j] = sum;
+        }
+    }
+}
+
+static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long start, long stop, long group,
+                          long keys, long dim, long v_key) {
+    const long n = stop - start;
+    float vf[512];
+    for (long g = 0; g < group; g++)
+        for (long d = 0; d < n; d++) oh[g * dim + start + d] = 0;
+    for (long j = 0; j < keys; j++) {
+        const uint16_t *vr = vh + j * v_key + start;
+        for (long d = 0; d < n; d++) vf[d] = widen(vr[d]);
+        for (long g = 0; g < group; g++) {
+            const float w = ph[g * keys + j];
+            float *og = oh + g * dim + start;
+            for (long d = 0; d < n; d++) og[d] += w * vf[d];
+        }
+    }
+}
+
+#endif
+
 /* s[r, h, g, j] = q[r, h, g, :] . k[r, h, j, :] */
 void ua_scores(const float *q, const uint16_t *k, float *s, long rows, long heads, long group, long keys,
                long dim, long k_row, long k_head, long k_key, int threads) {
@@ -169,48 +185,22 @@ void ua_scores(const float *q, const uint16_t *k, float *s, long rows, long head
     for (long r = 0; r < rows; r++)
         for (long h = 0; h < heads; h++)
             for (long b = 0; b < blocks; b++) {
-                const float *qh = q + (r * heads + h) * group * dim;
-                float *sh = s + (r * heads + h) * group * keys;
-                const uint16_t *kh = k + r * k_row + h * k_head;
                 const long end = (b + 1) * BLOCK < keys ? (b + 1) * BLOCK : keys;
-                float kf[512];
-                for (long j = b * BLOCK; j < end; j++) {
-                    const uint16_t *kr = kh + j * k_key;
-                    for (long d = 0; d < dim; d++) kf[d] = widen(kr[d]);
-                    for (long g = 0; g < group; g++) {
-                        const float *qg = qh + g * dim;
-                        float acc[LANES] = {0};
-                        for (long d = 0; d < dim; d += LANES)
-                            for (int l = 0; l < LANES; l++) acc[l] += qg[d + l] * kf[d + l];
-                        float sum = 0;
-                        for (int l = 0; l < LANES; l++) sum += acc[l];
-                        sh[g * keys + j] = sum;
-                    }
-                }
+                scores_block(q + (r * heads + h) * group * dim, k + r * k_row + h * k_head,
+                             s + (r * heads + h) * group * keys, b * BLOCK, end, group, keys, dim, k_key);
             }
 }
 
 /* out[r, h, g, :] = sum_j p[r, h, g, j] * v[r, h, j, :] */
 void ua_weighted(const float *p, const uint16_t *v, float *out, long rows, long heads, long group, long keys,
                  long dim, long v_row, long v_head, long v_key, int threads) {
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    const long chunks = (dim + 63) / 64; /* 64 dims a task: rows x heads alone can be too few tasks */
+#pragma omp parallel for collapse(3) schedule(static) num_threads(threads)
     for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++) {
-            const float *ph = p + (r * heads + h) * group * keys;
-            float *oh = out + (r * heads + h) * group * dim;
-            const uint16_t *vh = v + r * v_row + h * v_head;
-            float vf[512];
-            for (long i = 0; i < group * dim; i++) oh[i] = 0;
-            for (long j = 0; j < keys; j++) {
-                const uint16_t *vr = vh + j * v_key;
-                for (long d = 0; d < dim; d++) vf[d] = widen(vr[d]);
-                for (long g = 0; g < group; g++) {
-                    const float w = ph[g * keys + j];
-                    float *og = oh + g * dim;
-                    for (long d = 0; d < dim; d++) og[d] += w * vf[d];
-                }
+        for (long h = 0; h < heads; h++)
+            for (long c = 0; c < chunks; c++) {
+                const long stop = (c + 1) * 64 < dim ? (c + 1) * 64 : dim;
+                weighted_dims(p + (r * heads + h) * group * keys, v + r * v_row + h * v_head,
+                              out + (r * heads + h) * group * dim, c * 64, stop, group, keys, dim, v_key);
             }
-        }
 }
-
-#endif
