@@ -269,7 +269,7 @@ class DecodeChoice:
         for name, kernel in self.kernels.items():
             row = self.measured.get(name, {})
             times = ", ".join(f"{k} {row[k]['us']:g} us" for k in KERNELS if k in row)
-            parts.append(f"{name} {kernel} ({times})")
+            parts.append(f"{name} {kernel} ({times})" if times else f"{name} {kernel}")
         s = self.measured.get("shape", _SHAPE)
         native = self.measured.get("native", {})
         built = (
