@@ -330,3 +330,22 @@ def _assert_bf16_noise(a, b) -> None:
     assert max(abs(x - y) for x, y in zip(a.logprobs[:common], b.logprobs[:common], strict=False)) < 0.2
     if same is not None:  # a near tie, not a different distribution
         assert a.logprobs[same] < -0.5 and b.logprobs[same] < -0.5
+
+
+def test_one_query_never_takes_the_prefill_kernel(native_lib, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode with SDPA chosen and no mask (a cache without one): the prefill kernel, chosen for prefill,
+    must not run there, where SDPA's `is_causal` is False and a causal kernel would hide all but key 0."""
+    from types import SimpleNamespace
+
+    from uniagent.models import kv
+
+    path = str(next(iter(native_lib.values()))._name)
+    chosen = DecodeChoice({"fp32": "sdpa", "bf16": "sdpa", "prefill": "native"}, native=path)
+    monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
+    called = []
+    monkeypatch.setattr(attention, "multi_query", lambda *a: called.append(a))
+    q, k, v = _inputs(torch.bfloat16, rows=2, keys=50)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    out, _ = kv.gqa_sdpa_attention(module, q, k, v, None, scaling=0.125)
+    assert not called
+    assert (out.transpose(1, 2).float() - _sdpa(q, k, v, None)).abs().max() < 1e-2

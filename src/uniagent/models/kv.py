@@ -68,16 +68,15 @@ def gqa_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    if query.shape[2] == 1:
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if query.shape[2] == 1:  # decode: the kernel chosen for decode, else SDPA
         out = attention.single_query(query, key, value, attention_mask, scale)
         if out is not None:
             return out.transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if not dropout:
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        causal_only = attention_mask is None and causal
-        out = attention.multi_query(query, key, value, attention_mask, scale, causal_only)
+    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)  # SDPA's is_causal, one meaning
+    if query.shape[2] > 1 and not dropout:  # prefill: the kernel chosen for prefill, else SDPA
+        out = attention.multi_query(query, key, value, attention_mask, scale, causal)
         if out is not None:
             return out, None
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -87,7 +86,7 @@ def gqa_sdpa_attention(
         attn_mask=attention_mask,
         dropout_p=dropout,
         scale=scaling,
-        is_causal=bool(query.shape[2] > 1 and attention_mask is None and causal),
+        is_causal=causal,
         enable_gqa=True,
     )
     return out.transpose(1, 2).contiguous(), None
