@@ -134,7 +134,7 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
     attention.choice.cache_clear()
     assert attention.choice().kernels == found.kernels  # read back, not probed
     rows = {c.name: c for c in doctor.cpu_checks()}
-    assert rows["decode attention"].detail == found.describe() and "bf16" in found.describe()
+    assert rows["attention kernels"].detail == found.describe() and "bf16" in found.describe()
 
 
 def test_probe_off_keeps_sdpa(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ import platform
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -135,6 +136,18 @@ class TorchChoice:
             f"{self.setting} ({env}), kernels {self.capability}, 1 thread fp32 {self.fp32_gflops:g} / bf16 "
             f"{self.bf16_gflops:g} GFLOP/s" + (f"; fell back after {fell}" if fell else "")
         )
+
+
+def timed_us(fn: Callable[[], object], seconds: float = 0.15) -> float:
+    """Median microseconds of `fn` over ~`seconds` (after a warm-up call): the kernel probes' timer."""
+    fn()
+    times: list[float] = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(sorted(times)[len(times) // 2] * 1e6, 1)
 
 
 def run_probe(code: str, env: dict[str, str], timeout: float = 120.0) -> tuple[dict | None, str]:

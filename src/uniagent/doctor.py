@@ -157,9 +157,9 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
 
 def cpu_checks() -> list[Check]:
     """What was chosen by CPU feature, each found by running it here (`uniagent.cpu`): the CPU's
-    matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed), the decode
-    attention kernel per dtype (timed in a child) and the llama-server build variant (smoke-tested when
-    built)."""
+    matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed), the
+    attention kernels (decode per dtype, bf16 prefill) and whether bf16 linear layers run on packed
+    weights (both timed in a child), and the llama-server build variant (smoke-tested when built)."""
     from uniagent import cpu
     from uniagent.models.remote import llama_build
 
@@ -177,7 +177,10 @@ def cpu_checks() -> list[Check]:
     rows.append(Check("model.dtype auto", True, f"{picked.dtype} on cpu ({why})"))
     from uniagent.models import attention
 
-    rows.append(Check("decode attention", True, attention.choice().describe()))
+    rows.append(Check("attention kernels", True, attention.choice().describe()))
+    from uniagent.models import linear
+
+    rows.append(Check("bf16 linear", True, linear.choice().describe()))
     import torch
 
     cuda = "yes" if torch.cuda.is_available() else "no"

@@ -27,13 +27,13 @@ import functools
 import math
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 import uniagent.models.attention_native as attention_native
+from uniagent.cpu import timed_us
 
 KERNELS = ("sdpa", "matmul", "native")
 MIN_SPEEDUP = 1.2  # a kernel must beat SDPA by this much in the probe to be picked
@@ -146,18 +146,6 @@ def _sdpa(
     )
 
 
-def _timed(fn: Any, seconds: float = 0.15) -> float:
-    """Median microseconds of `fn` over ~`seconds` (after a warm-up call)."""
-    fn()
-    times: list[float] = []
-    began = time.perf_counter()
-    while time.perf_counter() - began < seconds or len(times) < 5:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return round(sorted(times)[len(times) // 2] * 1e6, 1)
-
-
 def measure() -> dict[str, Any]:
     """Time each kernel per dtype on the probe's shape (run in the probe's child interpreter). The native
     kernel is built here (bf16 only) unless `UNIAGENT_NATIVE_ATTENTION=0`, and run in this child only."""
@@ -182,7 +170,7 @@ def measure() -> dict[str, Any]:
             for kernel, fn in kernels.items():
                 err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
                 args = (q, k, v, mask, scale)
-                row[kernel] = {"us": _timed(lambda fn=fn, args=args: fn(*args)), "max_err": err}
+                row[kernel] = {"us": timed_us(lambda fn=fn, args=args: fn(*args)), "max_err": err}
             if name == "bf16":  # the native kernel reads bf16 caches only
                 out["native"] = native = _native_builds(q, k, v, mask, scale, reference)
                 if "path" in native:
@@ -214,7 +202,7 @@ def _prefill_row(lib: Any, gen: torch.Generator) -> dict[str, Any]:
         if got is None:
             continue  # this build has no prefill kernel (AVX-512 only)
         err = float((got.float() - reference.transpose(1, 2)).abs().max())
-        row[kernel] = {"us": _timed(fn), "max_err": err}
+        row[kernel] = {"us": timed_us(fn), "max_err": err}
     return row
 
 
@@ -236,7 +224,7 @@ def _native_builds(
         fn = functools.partial(matmul_attention, native=lib)
         err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
         if err <= _TOLERANCE["bf16"]:
-            timed[name] = (_timed(lambda fn=fn: fn(q, k, v, mask, scale)), str(path), err)
+            timed[name] = (timed_us(lambda fn=fn: fn(q, k, v, mask, scale)), str(path), err)
     if not timed:
         return {"why": why or "no build agreed with the reference"}
     best = min(timed, key=lambda name: timed[name][0])

@@ -32,6 +32,7 @@ from uniagent.errors import EngineError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.kv import use_gqa_attention
 from uniagent.models.kv_prefix import PrefixStore
+from uniagent.models.linear import pack_linears
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
 from uniagent.models.local_memory import (
@@ -173,6 +174,8 @@ class LocalEngine:
             self._prefixes.budget_bytes = 0
         if owned and self._batches.slots:
             use_gqa_attention(model)
+        if owned:
+            pack_linears(model)
         self.device = self._batches.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         log.info("%s", self.memory_line)

@@ -72,6 +72,7 @@ import torch
 
 from uniagent.agent.result import check_infra_failures
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.models.linear import pack_linears
 from uniagent.models.precision import resolve as resolve_precision
 from uniagent.models.precision import served_copy
 from uniagent.redact import Redactor, setting_secrets, shared_redactor
@@ -166,6 +167,8 @@ class LocalTrainer:
         # A bf16 engine serves a bf16 copy in either mode, refreshed after each update.
         self.shared = cfg.trainer.mode == "sync" and not self.precision.mixed
         served = self.policy if self.shared else served_copy(self.policy, self.precision)
+        if not self.shared:
+            pack_linears(served)  # the engine's own copy: bf16 weights laid out once (models/linear.py)
         self.engine = LocalEngine.from_model(
             served, max_batch_size=cfg.model.max_batch_size, version=self.step, threads=self.engine_threads
         )

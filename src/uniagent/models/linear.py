@@ -1,0 +1,156 @@
+"""bf16 linear layers on CPU with their weights laid out once for oneDNN, where a probe shows it pays.
+
+Why: torch's bf16 `F.linear` on CPU hands oneDNN a plain [out, in] weight, which oneDNN re-lays into
+its blocked layout on every call. At a decode step's few rows that re-layout is a large part of the
+work. On an AMD EPYC with AVX512-BF16 (2 threads), one SmolLM2 decode step of 8 rows ran its 211
+weight products in 30.3 ms this way. With each weight laid out once it took 18.0 ms, and the engine's
+whole decode step at 64 keys went from 70 to 43 ms. Large prefill chunks gain little; nothing was slower.
+
+Laying out once is `torch.ops.mkldnn._reorder_linear_weight`; the product is `_linear_pointwise`.
+These are the ops torch's inductor emits when it freezes a CPU model. The products run the same oneDNN
+kernel on the same layout, so the outputs are bitwise the plain ones (the probe checks this and refuses
+otherwise).
+
+The cost is a second copy of every packed weight. The dense one stays: weight updates write it, a tied
+embedding reads it, `state_dict` returns it. A weight written in place (`update_weights`, a trainer's
+optimizer step on a shared model) bumps its version counter, and the layer lays it out again on its next
+call. Only bf16 layers on CPU that do not need gradients are packed: autograd and fp32 keep `F.linear`,
+and the fp32 exactness tests keep torch's own path.
+
+Machines differ (AMX, other torch builds), so nothing is assumed. `choice()` times both ways in a child
+interpreter, once per CPU and torch, like the attention probe. `uniagent doctor` says what was picked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from uniagent.cpu import timed_us
+
+MIN_SPEEDUP = 1.1  # packed must beat plain by this much at the probe's decode shape to be used
+# The probe: SmolLM2's MLP up-projection and its lm head at a decode step's 8 rows; a 300-row chunk and a
+# single row are checked for equality too (oneDNN picks other kernels there).
+_SHAPES = ((1536, 576), (49152, 576))
+_ROWS = 8
+_CHECK_ROWS = (1, 8, 300)
+_PROBE = "import json\nfrom uniagent.models.linear import measure\nprint('PROBE', json.dumps(measure()))\n"
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS)
+
+
+def _packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
+class PackedLinear(torch.nn.Linear):
+    """An `nn.Linear` (swapped in by class, parameters untouched) whose bf16 product uses a weight laid
+    out once, laid out again when the weight's version counter says it was written."""
+
+    _packed_weight: torch.Tensor | None = None
+    _packed_key: tuple[int, int] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if (torch.is_grad_enabled() and weight.requires_grad) or x.dtype != weight.dtype:
+            return torch.nn.functional.linear(x, weight, self.bias)
+        key = (weight._version, weight.data_ptr())
+        if self._packed_key != key:
+            self._packed_weight, self._packed_key = _pack(weight), key
+        return _packed(x, self._packed_weight, self.bias)
+
+
+def pack_linears(model: torch.nn.Module) -> int:
+    """Switch `model`'s bf16 CPU `nn.Linear` layers to `PackedLinear` where the probe picked it; how many
+    were switched (0: not picked here, or nothing bf16 on CPU)."""
+    layers = [
+        module
+        for module in model.modules()
+        if type(module) is torch.nn.Linear
+        and module.weight.dtype == torch.bfloat16
+        and module.weight.device.type == "cpu"
+    ]
+    if not layers or not choice().packed:  # probed only where there is something to pack
+        return 0
+    for module in layers:
+        module.__class__ = PackedLinear
+    return len(layers)
+
+
+def measure() -> dict[str, Any]:
+    """Time plain and packed bf16 products on the probe's shapes, and check that they are bitwise equal
+    (run in the probe's child interpreter)."""
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "rows": _ROWS,
+        "plain_us": 0.0,
+        "packed_us": 0.0,
+    }
+    equal = True
+    with torch.inference_mode():
+        for rows_out, rows_in in _SHAPES:
+            weight = torch.randn(rows_out, rows_in, generator=gen).to(torch.bfloat16)
+            bias = torch.randn(rows_out, generator=gen).to(torch.bfloat16)
+            packed = _pack(weight)
+            for rows in _CHECK_ROWS:
+                x = torch.randn(rows, rows_in, generator=gen).to(torch.bfloat16)
+                equal &= torch.equal(torch.nn.functional.linear(x, weight, bias), _packed(x, packed, bias))
+            x = torch.randn(_ROWS, rows_in, generator=gen).to(torch.bfloat16)
+            out["plain_us"] += timed_us(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
+            out["packed_us"] += timed_us(lambda x=x, p=packed: _packed(x, p, None))
+    out["equal"] = bool(equal)
+    return out
+
+
+@dataclass
+class LinearChoice:
+    """Whether bf16 linear layers run with packed weights here, and what the probe measured (or why it
+    could not)."""
+
+    packed: bool = False
+    measured: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    def describe(self) -> str:
+        m = self.measured
+        if self.why:
+            return f"plain ({self.why})"
+        timed = f"{m['rows']} rows: plain {m['plain_us']:g} us, packed {m['packed_us']:g} us"
+        if not m.get("equal"):
+            return f"plain (packed results differ from plain; {timed})"
+        return f"{'packed' if self.packed else 'plain'} weights for bf16 ({timed}; bitwise equal)"
+
+
+def probe() -> LinearChoice:
+    """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`)."""
+    from uniagent import cpu
+
+    if not torch.backends.mkldnn.is_available():
+        return LinearChoice(why="this torch has no oneDNN")
+    try:
+        env = cpu.torch_choice().env
+    except RuntimeError as exc:
+        return LinearChoice(why=f"the CPU probe failed: {exc}")
+    found, why = cpu.run_probe(_PROBE, env)
+    if found is None:
+        return LinearChoice(why=f"the linear probe failed: {why}")
+    fast = found["plain_us"] >= MIN_SPEEDUP * found["packed_us"]
+    return LinearChoice(packed=bool(found["equal"] and fast), measured=found)
+
+
+@functools.cache
+def choice(refresh: bool = False) -> LinearChoice:
+    """The cached choice for this CPU and torch, probed (a second, once) when there is none.
+    `UNIAGENT_CPU_PROBE=0` keeps plain products without probing."""
+    from uniagent import cpu
+
+    if os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
+        return LinearChoice(why="UNIAGENT_CPU_PROBE=0")
+    return cpu.cached_probe("linear", LinearChoice, probe, refresh, keep=lambda found: not found.why)
