@@ -435,3 +435,21 @@ def test_gguf_tokenizer_is_kept_and_encodes_the_same(smol_source, tmp_path, monk
     )
     assert kept.special_tokens_map == from_gguf.special_tokens_map
     assert kept.eos_token_id == from_gguf.eos_token_id
+
+
+def test_one_draw_follows_the_distribution_and_never_picks_a_cut_token():
+    """`_sample` inverts the cumulative distribution with one uniform number: frequencies match the
+    softmax, tokens cut by top-k (probability 0, also at the ends of the vocabulary) never come out, and
+    a seeded generator repeats its draws."""
+    from uniagent.models.local_batch import _sample
+
+    logits = torch.tensor([-30.0, 0.0, 1.0, 2.0, -1.0, 5.0, -30.0])
+    sampling = SamplingParams(temperature=1.0, top_k=4, max_tokens=1)
+    gen = torch.Generator().manual_seed(0)
+    draws = [_sample(logits, sampling, gen) for _ in range(20000)]
+    counts = torch.bincount(torch.tensor(draws), minlength=logits.numel()).double() / len(draws)
+    kept = torch.tensor([-float("inf"), 0.0, 1.0, 2.0, -float("inf"), 5.0, -float("inf")]).softmax(-1)
+    assert counts[[0, 4, 6]].sum() == 0
+    assert (counts - kept.double()).abs().max() < 0.01
+    again = torch.Generator().manual_seed(0)
+    assert [_sample(logits, sampling, again) for _ in range(50)] == draws[:50]

