@@ -93,6 +93,7 @@ bench: setup llama-server
 	$(PY) bench/codec.py
 	$(PY) bench/codec_stateful.py
 	$(PY) bench/engine.py
+	$(PY) bench/decode_step.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/gateway.py
 	$(PY) bench/remote.py

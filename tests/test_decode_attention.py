@@ -18,7 +18,7 @@ import torch
 from engine_helpers import QUESTIONS, chat_prompt, greedy
 from uniagent import cpu, doctor
 from uniagent.models import attention, attention_native
-from uniagent.models.attention import DecodeChoice, matmul_attention, pick
+from uniagent.models.attention import AttentionChoice, matmul_attention, pick
 
 CRASH = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
 
@@ -149,7 +149,7 @@ async def test_engine_decode_is_the_same_with_either_kernel(smol_engine, smol_to
     prompts = [chat_prompt(smol_tokenizer, q) for q in QUESTIONS[:3]]
 
     async def run(kernel: str) -> list:
-        chosen = DecodeChoice(dict.fromkeys(("fp32", "bf16"), kernel))
+        chosen = AttentionChoice(dict.fromkeys(("fp32", "bf16"), kernel))
         monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
         return await asyncio.gather(
             *(smol_engine.generate(p, greedy(max_tokens=24), f"{kernel}-{i}") for i, p in enumerate(prompts))
@@ -281,7 +281,7 @@ def test_the_native_build_is_cached_and_a_failed_compile_says_why(
     assert path is None and "failed" in why
     monkeypatch.setattr(attention_native, "compiler", lambda: None)
     assert attention_native.build(name, flags) == (None, "no C compiler (CC, cc or gcc) to build it")
-    gone = DecodeChoice({"fp32": "sdpa", "bf16": "native"}, {}, native=str(tmp_path / "cleared.so"))
+    gone = AttentionChoice({"fp32": "sdpa", "bf16": "native"}, {}, native=str(tmp_path / "cleared.so"))
     assert gone.native_library() is None  # a cleared cache: decode takes the matmul path, not an error
 
 
@@ -302,7 +302,7 @@ async def test_bf16_engine_decode_with_the_native_kernel_matches_the_matmul_kern
     try:
 
         async def run(kernel: str, prefill: str = "sdpa") -> list:
-            chosen = DecodeChoice({"fp32": kernel, "bf16": kernel, "prefill": prefill}, native=path)
+            chosen = AttentionChoice({"fp32": kernel, "bf16": kernel, "prefill": prefill}, native=path)
             monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
             return await asyncio.gather(
                 *(
@@ -340,7 +340,7 @@ def test_one_query_never_takes_the_prefill_kernel(native_lib, monkeypatch: pytes
     from uniagent.models import kv
 
     path = str(next(iter(native_lib.values()))._name)
-    chosen = DecodeChoice({"fp32": "sdpa", "bf16": "sdpa", "prefill": "native"}, native=path)
+    chosen = AttentionChoice({"fp32": "sdpa", "bf16": "sdpa", "prefill": "native"}, native=path)
     monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
     called = []
     monkeypatch.setattr(attention, "multi_query", lambda *a: called.append(a))

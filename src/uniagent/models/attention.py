@@ -233,7 +233,7 @@ def _native_builds(
 
 
 @dataclass
-class DecodeChoice:
+class AttentionChoice:
     """The kernel picked for decode per dtype name (`fp32`, `bf16`) and for bf16 prefill (`prefill`), and
     what the probe measured (or why it could not)."""
 
@@ -288,7 +288,7 @@ def pick(measured: dict[str, Any]) -> dict[str, str]:
     return kernels
 
 
-def probe() -> DecodeChoice:
+def probe() -> AttentionChoice:
     """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`). A
     child that dies is asked again without the native kernel (the only code built here)."""
     from uniagent import cpu
@@ -296,25 +296,25 @@ def probe() -> DecodeChoice:
     try:
         env = cpu.torch_choice().env
     except RuntimeError as exc:
-        return DecodeChoice(why=f"the CPU probe failed: {exc}")
+        return AttentionChoice(why=f"the CPU probe failed: {exc}")
     found, why = cpu.run_probe(_PROBE, env)
     if found is None:
         found, _ = cpu.run_probe(_PROBE, {**env, "UNIAGENT_NATIVE_ATTENTION": "0"})
         if found is None:
-            return DecodeChoice(why=f"the attention probe failed: {why}")
+            return AttentionChoice(why=f"the attention probe failed: {why}")
         found["native"] = {"why": f"its probe died ({why})"}
     kernels = pick(found)
     native = found.get("native", {}).get("path", "") if "native" in kernels.values() else ""
-    return DecodeChoice(kernels, found, native=native)
+    return AttentionChoice(kernels, found, native=native)
 
 
 @functools.cache
-def choice(refresh: bool = False) -> DecodeChoice:
+def choice(refresh: bool = False) -> AttentionChoice:
     """The cached choice for this CPU and torch, probed (a few seconds, once) when there is none.
     `UNIAGENT_CPU_PROBE=0` keeps SDPA without probing."""
     from uniagent import cpu
 
     if os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
-        return DecodeChoice(why="UNIAGENT_CPU_PROBE=0")
+        return AttentionChoice(why="UNIAGENT_CPU_PROBE=0")
     name = f"attention-{attention_native.source_hash()}"  # a changed native kernel is probed again
-    return cpu.cached_probe(name, DecodeChoice, probe, refresh, keep=lambda found: not found.why)
+    return cpu.cached_probe(name, AttentionChoice, probe, refresh, keep=lambda found: not found.why)

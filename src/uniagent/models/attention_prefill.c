@@ -4,7 +4,7 @@
  * mask hides; at 8 rows x 600 new tokens over 4,700 keys it ran at 114 GFLOP/s on a CPU whose fp32
  * peak is 178, and prefill attention was most of an agent turn's time to first token. Here a task is
  * one row, one kv head and up to 16 queries: their query rows (queries x grouped heads) share every
- * key and value read. Keys come in blocks of 16, widened to fp32 and transposed so each score is a
+ * key and value read. Keys come in blocks of 64, widened to fp32 and transposed so each score is a
  * plain multiply-add with no horizontal sum; a block the mask hides from every query of the task is
  * skipped (the causal corner, left padding, gaps between prefixes); the softmax is the online one
  * (a running max and sum per query row). Scores, softmax and sums are fp32, as in SDPA's kernel, and
@@ -16,10 +16,12 @@
  * per row, head and position, last dimension contiguous. mask: bytes (0 hides), [r * m_row + i *
  * m_pos + j], or NULL: then `causal` < 0 shows every key, else query i sees keys j <= i + causal.
  * out: [rows, queries, heads, dim] bf16, contiguous. dim: 64, 128, 192 or 256; heads / kv_heads <= 16.
- * Returns 0, or -1 where this build has no prefill kernel (not AVX-512) or the shape is not taken.
+ * Returns 0, or -1 where this build has no prefill kernel (not AVX-512), the shape is not taken or a
+ * thread's scratch (~270 KB, on the heap: OpenMP threads' stacks may be small) could not be allocated.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define PREFILL_ARGS                                                                                            \
     const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask, uint16_t *out, long rows,       \
@@ -90,6 +92,22 @@ static uint64_t visible(const uint8_t *mrow, long i, long j0, long nk, long caus
     return bits;
 }
 
+/* One thread's working set for a task (64-byte aligned members: every size is a multiple of 64). */
+struct scratch {
+    float qf[MAXM][MAXD];
+    float o[MAXM][MAXD];
+#if defined(__AVX512BF16__)
+    uint32_t kp[MAXD / 2][KB]; /* keys as bf16 pairs */
+    uint32_t qp[MAXM][MAXD / 2];
+#else
+    float kt[MAXD][KB];
+#endif
+    float vf[KB][MAXD];
+    float p[MAXM][KB];
+    float mx[MAXM], sum[MAXM], corr[MAXM];
+    uint64_t vis[MAXM];
+} __attribute__((aligned(64)));
+
 static const v16i LANE_BIT = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
 
 int ua_prefill(PREFILL_ARGS) {
@@ -97,24 +115,29 @@ int ua_prefill(PREFILL_ARGS) {
     if (G * kv_heads != heads || G > 16 || dim % 64 || dim > MAXD) return -1;
     const long QB = MAXM / G < 16 ? MAXM / G : 16; /* queries a task: up to 64 query rows */
     const long blocks = (queries + QB - 1) / QB;
-#pragma omp parallel for collapse(3) schedule(dynamic) num_threads(threads)
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        struct scratch *const s = aligned_alloc(64, sizeof(struct scratch));
+        if (!s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(3) schedule(dynamic)
     for (long r = 0; r < rows; r++)
         for (long h = 0; h < kv_heads; h++)
             for (long b = 0; b < blocks; b++) {
+                if (!s) continue; /* the call returns -1: SDPA runs instead */
                 const long i0 = b * QB, nq = queries - i0 < QB ? queries - i0 : QB, M = nq * G;
                 const long M4 = (M + 3) & ~3L;
-                float qf[MAXM][MAXD] __attribute__((aligned(64)));
-                float o[MAXM][MAXD] __attribute__((aligned(64)));
+                float(*const qf)[MAXD] = s->qf, (*const o)[MAXD] = s->o, (*const vf)[MAXD] = s->vf;
+                float(*const p)[KB] = s->p, *const mx = s->mx, *const sum = s->sum, *const corr = s->corr;
+                uint64_t *const vis = s->vis;
 #if defined(__AVX512BF16__)
-                uint32_t kp[MAXD / 2][KB] __attribute__((aligned(64))); /* keys as bf16 pairs */
-                uint32_t qp[MAXM][MAXD / 2];
+                uint32_t(*const kp)[KB] = s->kp, (*const qp)[MAXD / 2] = s->qp;
 #else
-                float kt[MAXD][KB] __attribute__((aligned(64)));
+                float(*const kt)[KB] = s->kt;
 #endif
-                float vf[KB][MAXD] __attribute__((aligned(64)));
-                float p[MAXM][KB] __attribute__((aligned(64)));
-                float mx[MAXM], sum[MAXM], corr[MAXM];
-                uint64_t vis[MAXM];
                 for (long m = 0; m < M4; m++) { /* row m: query i0 + m / G, head h * G + m % G */
                     mx[m] = -INFINITY, sum[m] = 0, corr[m] = 1;
                     for (long d = 0; d < dim; d++) qf[m][d] = o[m][d] = 0;
@@ -234,7 +257,9 @@ int ua_prefill(PREFILL_ARGS) {
                     for (long d = 0; d < dim; d++) orow[d] = to_bf16(o[m][d] * inv);
                 }
             }
-    return 0;
+        free(s);
+    }
+    return failed ? -1 : 0;
 }
 
 #else
