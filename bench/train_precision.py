@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def main() -> int:
     for v in variants:
         out = args.out / v
         if not args.dry_run:
+            if out.exists():
+                shutil.rmtree(out)  # the trainer refuses an output with checkpoints: a bench starts fresh
             out.parent.mkdir(parents=True, exist_ok=True)
             began = time.perf_counter()
             with open(args.out / f"{v}.log", "w") as log:

@@ -136,6 +136,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         )
 
 
+@pytest.fixture
+def probe_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache for the kernel probes (`uniagent.cpu.cached_probe`), probing on, and the attention and
+    linear choices forgotten before and after (each is memoised per process)."""
+    from uniagent.models import attention, linear
+
+    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path))
+    monkeypatch.delenv("UNIAGENT_CPU_PROBE", raising=False)
+    for choice in (attention.choice, linear.choice):
+        choice.cache_clear()
+    yield tmp_path
+    for choice in (attention.choice, linear.choice):
+        choice.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def smol_source():
     return smollm2_source()

@@ -90,25 +90,16 @@ def test_pick_needs_agreement_and_a_clear_speedup() -> None:
     assert pick({"prefill": prefill})["prefill"] == "native"
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path))
-    monkeypatch.delenv("UNIAGENT_CPU_PROBE", raising=False)
-    attention.choice.cache_clear()
-    yield tmp_path
-    attention.choice.cache_clear()
-
-
-def test_a_crashing_probe_keeps_sdpa_and_says_why(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crashing_probe_keeps_sdpa_and_says_why(probe_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "_PROBE", CRASH + attention._PROBE)
     found = attention.choice()
     assert found.kernels == {"fp32": "sdpa", "bf16": "sdpa", "prefill": "sdpa"} and "SIGSEGV" in found.why
     assert found.kernel(torch.bfloat16) == "sdpa" and "SIGSEGV" in found.describe()
-    assert not list((cache / "cpu").glob("attention-*.json"))  # a failure is not cached
+    assert not list((probe_cache / "cpu").glob("attention-*.json"))  # a failure is not cached
 
 
 def test_a_native_kernel_that_kills_its_probe_is_dropped_and_the_rest_still_measured(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The probe child dies only when the native kernel runs: the probe is asked again without it."""
     crash_native = "import os\nif os.environ.get('UNIAGENT_NATIVE_ATTENTION') != '0':\n    " + CRASH.replace(
@@ -122,13 +113,13 @@ def test_a_native_kernel_that_kills_its_probe_is_dropped_and_the_rest_still_meas
 
 
 def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     found = attention.choice()
     assert not found.why and set(found.kernels.values()) <= set(attention.KERNELS)
     for name in ("fp32", "bf16"):
         assert found.measured[name]["sdpa"]["us"] > 0 and found.measured[name]["matmul"]["us"] > 0
-    stored = list((cache / "cpu").glob(f"attention-*-{cpu.cpu_id()}-*.json"))
+    stored = list((probe_cache / "cpu").glob(f"attention-*-{cpu.cpu_id()}-*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["kernels"] == found.kernels
     monkeypatch.setattr(attention, "probe", lambda: pytest.fail("probed again"))
     attention.choice.cache_clear()
@@ -137,7 +128,7 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
     assert rows["attention kernels"].detail == found.describe() and "bf16" in found.describe()
 
 
-def test_probe_off_keeps_sdpa(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_off_keeps_sdpa(probe_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIAGENT_CPU_PROBE", "0")
     assert attention.choice().kernels == {"fp32": "sdpa", "bf16": "sdpa", "prefill": "sdpa"}
 

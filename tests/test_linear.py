@@ -18,15 +18,6 @@ from uniagent.models.linear import LinearChoice, PackedLinear, pack_linears
 PACKED = LinearChoice(packed=True, measured={"rows": 8, "plain_us": 2.0, "packed_us": 1.0, "equal": True})
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path))
-    monkeypatch.delenv("UNIAGENT_CPU_PROBE", raising=False)
-    linear.choice.cache_clear()
-    yield tmp_path
-    linear.choice.cache_clear()
-
-
 def _model(dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
@@ -84,13 +75,13 @@ def test_not_picked_here_packs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     found = linear.choice()
     assert not found.why and found.measured["equal"] is True
     assert found.measured["plain_us"] > 0 and found.measured["packed_us"] > 0
     assert found.packed == (found.measured["plain_us"] >= linear.MIN_SPEEDUP * found.measured["packed_us"])
-    stored = list((cache / "cpu").glob(f"linear-{cpu.cpu_id()}-*.json"))
+    stored = list((probe_cache / "cpu").glob(f"linear-{cpu.cpu_id()}-*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["packed"] == found.packed
     monkeypatch.setattr(linear, "probe", lambda: pytest.fail("probed again"))
     linear.choice.cache_clear()
@@ -99,11 +90,11 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
     assert rows["bf16 linear"].detail == found.describe() and "bitwise equal" in found.describe()
 
 
-def test_a_crashing_probe_keeps_plain_products(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crashing_probe_keeps_plain_products(probe_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear, "_PROBE", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     found = linear.choice()
     assert not found.packed and "SIGSEGV" in found.why and found.describe().startswith("plain (")
-    assert not list((cache / "cpu").glob("linear-*.json"))  # a failure is not cached
+    assert not list((probe_cache / "cpu").glob("linear-*.json"))  # a failure is not cached
 
 
 def test_packed_results_that_differ_are_refused() -> None:

@@ -168,6 +168,16 @@ def run_probe(code: str, env: dict[str, str], timeout: float = 120.0) -> tuple[d
     return None, f"{signal_text(proc.returncode)}" + (f": {tail}" if tail else "")
 
 
+def run_torch_probe(code: str, extra: dict[str, str] | None = None) -> tuple[dict | None, str]:
+    """`run_probe` under the torch kernel setting this CPU runs (plus `extra`): the kernel probes' child.
+    None and why also where that setting could not be found."""
+    try:
+        env = torch_choice().env
+    except RuntimeError as exc:
+        return None, f"the CPU probe failed: {exc}"
+    return run_probe(code, {**env, **(extra or {})})
+
+
 def probe_torch(settings: tuple[tuple[str, dict[str, str]], ...] = TORCH_SETTINGS) -> TorchChoice:
     """Try each setting in a child interpreter (a crash there cannot take this process down)."""
     tried: dict[str, str] = {}

@@ -293,13 +293,9 @@ def probe() -> AttentionChoice:
     child that dies is asked again without the native kernel (the only code built here)."""
     from uniagent import cpu
 
-    try:
-        env = cpu.torch_choice().env
-    except RuntimeError as exc:
-        return AttentionChoice(why=f"the CPU probe failed: {exc}")
-    found, why = cpu.run_probe(_PROBE, env)
+    found, why = cpu.run_torch_probe(_PROBE)
     if found is None:
-        found, _ = cpu.run_probe(_PROBE, {**env, "UNIAGENT_NATIVE_ATTENTION": "0"})
+        found, _ = cpu.run_torch_probe(_PROBE, {"UNIAGENT_NATIVE_ATTENTION": "0"})
         if found is None:
             return AttentionChoice(why=f"the attention probe failed: {why}")
         found["native"] = {"why": f"its probe died ({why})"}

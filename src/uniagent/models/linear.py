@@ -134,11 +134,7 @@ def probe() -> LinearChoice:
 
     if not torch.backends.mkldnn.is_available():
         return LinearChoice(why="this torch has no oneDNN")
-    try:
-        env = cpu.torch_choice().env
-    except RuntimeError as exc:
-        return LinearChoice(why=f"the CPU probe failed: {exc}")
-    found, why = cpu.run_probe(_PROBE, env)
+    found, why = cpu.run_torch_probe(_PROBE)
     if found is None:
         return LinearChoice(why=f"the linear probe failed: {why}")
     fast = found["plain_us"] >= MIN_SPEEDUP * found["packed_us"]
