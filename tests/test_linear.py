@@ -4,6 +4,7 @@ an in-place write, autograd and fp32 left alone, chosen by a probe in a child, t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from pathlib import Path
 
@@ -38,6 +39,11 @@ def test_packed_layers_give_bitwise_the_plain_product(monkeypatch: pytest.Monkey
         ):
             x = x.to(torch.bfloat16)
             assert torch.equal(plain(x), packed(x))  # 2-D, 3-D and a strided view
+    copied = copy.deepcopy(packed)  # the laid-out weights stay behind; the copy lays out its own
+    with torch.inference_mode():
+        assert torch.equal(copied(x), packed(x)) and copied[0]._packed_weight is not packed[0]._packed_weight
+        made_here = copy.deepcopy(packed)  # inference tensors: no version counter, so torch's own product
+        assert torch.equal(made_here(x), packed(x)) and made_here[0]._packed_weight is None
 
 
 def test_a_weight_written_in_place_is_laid_out_again(monkeypatch: pytest.MonkeyPatch) -> None:

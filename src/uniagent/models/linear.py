@@ -56,9 +56,23 @@ class PackedLinear(torch.nn.Linear):
     _packed_weight: torch.Tensor | None = None
     _packed_key: tuple[int, int] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the laid-out weight behind (oneDNN's opaque tensor has no storage to
+        copy); the copy lays out its own on its first call."""
+        state = self.__dict__.copy()
+        state.pop("_packed_weight", None)
+        state.pop("_packed_key", None)
+        return state
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if (torch.is_grad_enabled() and weight.requires_grad) or x.dtype != weight.dtype:
+        if (
+            (torch.is_grad_enabled() and weight.requires_grad)
+            or x.dtype != weight.dtype
+            or weight.is_inference()
+        ):
+            # autograd, a cast input, or a weight made under inference_mode (no version counter: an
+            # in-place write could not be seen) take torch's own product
             return torch.nn.functional.linear(x, weight, self.bias)
         key = (weight._version, weight.data_ptr())
         if self._packed_key != key:
@@ -75,6 +89,7 @@ def pack_linears(model: torch.nn.Module) -> int:
         if type(module) is torch.nn.Linear
         and module.weight.dtype == torch.bfloat16
         and module.weight.device.type == "cpu"
+        and not module.weight.is_inference()
     ]
     if not layers or not choice().packed:  # probed only where there is something to pack
         return 0
