@@ -50,11 +50,17 @@ def _config(tiny_model: Path, out: Path, *extra: str):
     )
 
 
-def _train(cfg, resume: bool = False):
+PACE_S = 0.01
+"""A decode step of the tiny model takes about a millisecond: tests that need generations in flight at
+an update pace the engine (`step_delay_s`) so that a turn outlasts an update whatever the machine."""
+
+
+def _train(cfg, resume: bool = False, pace_s: float = 0.0):
     """Run the trainer; return its rows, the samples each update saw, and the trainer."""
     from uniagent.train.local import LocalTrainer
 
     trainer = LocalTrainer(cfg, resume=resume)
+    trainer.engine.step_delay_s = pace_s
     seen: list[list] = []
     update = trainer.update
 
@@ -83,7 +89,9 @@ def test_async_bounds_staleness_tags_every_token_and_interrupts_in_flight_turns(
     """max_staleness=1: no trained episode has a token more than 1 version behind the update that
     trains it; every model token carries a version, context tokens -1; the weight updates interrupted
     generations in flight (partial rollout) and those episodes hold tokens of two versions."""
-    rows, seen, trainer = _train(_config(tiny_model, tmp_path / "run", "trainer.max_staleness=1"))
+    rows, seen, trainer = _train(
+        _config(tiny_model, tmp_path / "run", "trainer.max_staleness=1"), pace_s=PACE_S
+    )
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
     assert trainer.engine.version == 4
@@ -201,7 +209,7 @@ def test_async_keeping_kv_updates_mid_turn_without_prefilling_again(tiny_model, 
     is prefilled twice; episodes still span updates, each token tagged with the weights that sampled
     it, within the staleness bound; the step rows say what the engine ran."""
     rows, seen, _ = _train(
-        _config(tiny_model, tmp_path / "run", "trainer.kv_on_update=keep", "trainer.steps=3")
+        _config(tiny_model, tmp_path / "run", "trainer.kv_on_update=keep", "trainer.steps=3"), pace_s=PACE_S
     )
     assert sum(r["interrupted"] for r in rows) == 0
     assert all(r["engine"]["interrupted"] == 0 and r["engine"]["decode_steps"] > 0 for r in rows)
