@@ -14,8 +14,13 @@ import torch
 from engine_helpers import QUESTIONS, chat_prompt, greedy
 from uniagent import cpu, doctor
 from uniagent.models import linear
-from uniagent.models.linear import LinearChoice, PackedLinear, pack_linears
+from uniagent.models.linear import LinearChoice, PackedLinear, pack_linears, packed_bytes
 
+# the tests that force packing need a CPU whose oneDNN lays out bf16 weights; elsewhere the probe's refusal
+# is what is tested (test_a_cpu_that_cannot_lay_out_keeps_plain_products)
+needs_layout = pytest.mark.skipif(
+    not linear.supported(), reason="this CPU cannot lay out bf16 weights for oneDNN (no AVX-512 BW/VL/DQ)"
+)
 PACKED = LinearChoice(packed=True, measured={"rows": 8, "plain_us": 2.0, "packed_us": 1.0, "equal": True})
 
 
@@ -26,10 +31,14 @@ def _model(dtype: torch.dtype) -> torch.nn.Module:
     ).to(dtype)
 
 
+@needs_layout
 def test_packed_layers_give_bitwise_the_plain_product(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear, "choice", lambda refresh=False: PACKED)
     plain, packed = _model(torch.bfloat16), _model(torch.bfloat16)
     assert pack_linears(packed) == 2 and all(type(m) is PackedLinear for m in (packed[0], packed[2]))
+    # laid out at once, so the copy's memory is taken at start; its size is counted
+    assert packed[0]._packed_weight is not None and packed[2]._packed_weight is not None
+    assert packed_bytes(packed) == (48 * 96 + 96 * 32) * 2 and packed_bytes(plain) == 0
     with torch.inference_mode():
         for x in (
             torch.randn(1, 48),
@@ -46,6 +55,7 @@ def test_packed_layers_give_bitwise_the_plain_product(monkeypatch: pytest.Monkey
         assert torch.equal(made_here(x), packed(x)) and made_here[0]._packed_weight is None
 
 
+@needs_layout
 def test_a_weight_written_in_place_is_laid_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A weight update (`copy_`) or an optimizer step bumps the version counter: the next call repacks."""
     monkeypatch.setattr(linear, "choice", lambda refresh=False: PACKED)
@@ -64,6 +74,7 @@ def test_a_weight_written_in_place_is_laid_out_again(monkeypatch: pytest.MonkeyP
         assert not torch.equal(before, after) and torch.equal(after, expected(x))
 
 
+@needs_layout
 def test_autograd_and_fp32_keep_torchs_own_product(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear, "choice", lambda refresh=False: PACKED)
     assert pack_linears(_model(torch.float32)) == 0  # fp32: the exactness path is untouched
@@ -71,7 +82,7 @@ def test_autograd_and_fp32_keep_torchs_own_product(monkeypatch: pytest.MonkeyPat
     pack_linears(model)
     x = torch.randn(4, 48).to(torch.bfloat16)
     model(x).float().sum().backward()  # trainable weights with grad on: F.linear, gradients flow
-    assert model[0].weight.grad is not None and model[0]._packed_weight is None
+    assert model[0].weight.grad is not None
 
 
 def test_not_picked_here_packs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +91,19 @@ def test_not_picked_here_packs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
 
 
+def test_a_cpu_that_cannot_lay_out_keeps_plain_products(
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AVX2-only CPUs: oneDNN refuses the layout; the probe says so without a child, nothing is packed."""
+    monkeypatch.setattr(linear, "supported", lambda: False)
+    monkeypatch.setattr(cpu, "run_torch_probe", lambda *a, **k: pytest.fail("no child needed"))
+    found = linear.choice()
+    assert not found.packed and "cannot lay out" in found.describe()
+    model = _model(torch.bfloat16)
+    assert pack_linears(model) == 0 and type(model[0]) is torch.nn.Linear
+
+
+@needs_layout
 def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
     probe_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,6 +121,7 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
 
 
 def test_a_crashing_probe_keeps_plain_products(probe_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear, "supported", lambda: True)
     monkeypatch.setattr(linear, "_PROBE", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     found = linear.choice()
     assert not found.packed and "SIGSEGV" in found.why and found.describe().startswith("plain (")
@@ -109,6 +134,7 @@ def test_packed_results_that_differ_are_refused() -> None:
 
 
 @pytest.mark.slow
+@needs_layout
 async def test_the_real_bf16_engine_gives_the_same_tokens_and_logprobs_packed(
     smol_tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +148,7 @@ async def test_the_real_bf16_engine_gives_the_same_tokens_and_logprobs_packed(
         engine = LocalEngine(dtype="bfloat16")
         try:
             packed = sum(type(m) is PackedLinear for m in engine._model.modules())
+            assert ("laid out for oneDNN" in engine.memory_line) == bool(packed)  # the copy is said
             outs = await asyncio.gather(
                 *(engine.generate(p, greedy(max_tokens=12), f"r{i}") for i, p in enumerate(prompts))
             )

@@ -74,10 +74,17 @@ class PackedLinear(torch.nn.Linear):
             # autograd, a cast input, or a weight made under inference_mode (no version counter: an
             # in-place write could not be seen) take torch's own product
             return torch.nn.functional.linear(x, weight, self.bias)
+        return _packed(x, self.lay_out(), self.bias)
+
+    def lay_out(self) -> torch.Tensor:
+        """The weight in oneDNN's layout, laid out again if the weight was written since."""
+        weight = self.weight
         key = (weight._version, weight.data_ptr())
         if self._packed_key != key:
+            self._packed_weight = None  # the old layout goes before the new one is made
             self._packed_weight, self._packed_key = _pack(weight), key
-        return _packed(x, self._packed_weight, self.bias)
+        assert self._packed_weight is not None
+        return self._packed_weight
 
 
 def pack_linears(model: torch.nn.Module) -> int:
@@ -93,9 +100,20 @@ def pack_linears(model: torch.nn.Module) -> int:
     ]
     if not layers or not choice().packed:  # probed only where there is something to pack
         return 0
-    for module in layers:
-        module.__class__ = PackedLinear
+    with torch.no_grad():
+        for module in layers:
+            module.__class__ = PackedLinear
+            module.lay_out()  # now, so the copy's memory is taken at start, not in the middle of a run
     return len(layers)
+
+
+def packed_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the second, laid-out copy of `model`'s packed weights (counted as their dense size)."""
+    return sum(
+        module.weight.numel() * module.weight.element_size()
+        for module in model.modules()
+        if isinstance(module, PackedLinear)
+    )
 
 
 def measure() -> dict[str, Any]:
@@ -124,6 +142,17 @@ def measure() -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def supported() -> bool:
+    """Whether torch's oneDNN lays out bf16 weights on this CPU at all (it refuses without AVX-512
+    BW/VL/DQ or AVX-NE-CONVERT, e.g. on AVX2-only CPUs)."""
+    try:
+        _pack(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
+
+
 @dataclass
 class LinearChoice:
     """Whether bf16 linear layers run with packed weights here, and what the probe measured (or why it
@@ -149,6 +178,8 @@ def probe() -> LinearChoice:
 
     if not torch.backends.mkldnn.is_available():
         return LinearChoice(why="this torch has no oneDNN")
+    if not supported():
+        return LinearChoice(why="this CPU cannot lay out bf16 weights for oneDNN (needs AVX-512 BW/VL/DQ)")
     found, why = cpu.run_torch_probe(_PROBE)
     if found is None:
         return LinearChoice(why=f"the linear probe failed: {why}")

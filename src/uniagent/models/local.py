@@ -32,7 +32,7 @@ from uniagent.errors import EngineError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.kv import use_gqa_attention
 from uniagent.models.kv_prefix import PrefixStore
-from uniagent.models.linear import pack_linears
+from uniagent.models.linear import pack_linears, packed_bytes
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
 from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
 from uniagent.models.local_memory import (
@@ -86,6 +86,9 @@ class LocalEngine:
     machine, so a test can land a weight update in the middle of a generation (verl's partial rollout)
     whatever the hardware. The event loop is never blocked by it.
     """
+
+    _weight_bytes = 0  # the model's parameters; they and a packed copy live outside the budget
+    _packed_bytes = 0  # the second, laid-out copy of packed bf16 weights (models/linear.py)
 
     def __init__(
         self,
@@ -176,6 +179,8 @@ class LocalEngine:
             use_gqa_attention(model)
         if owned:
             pack_linears(model)
+        self._weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self._packed_bytes = packed_bytes(model)
         self.device = self._batches.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         log.info("%s", self.memory_line)
@@ -183,9 +188,11 @@ class LocalEngine:
     @property
     def memory_line(self) -> str:
         """One line saying the memory budget, where it comes from and the prefix cap (start log, doctor)."""
+        packed = f" + {gib(self._packed_bytes)} laid out for oneDNN" if self._packed_bytes else ""
         return (
-            f"local engine {self.precision.dtype} ({self.precision.why}); "
-            f"memory budget {gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
+            f"local engine {self.precision.dtype} ({self.precision.why}); weights "
+            f"{gib(self._weight_bytes)}{packed} outside the budget; memory budget "
+            f"{gib(self.memory_budget_bytes)} ({self.memory_source}); kept "
             f"prefixes up to {gib(self._prefixes.budget_bytes)}; keys/values mapped apart, activations "
             f"reused from the heap: {'yes' if self.releases_memory else 'no (not glibc)'}"
         )
