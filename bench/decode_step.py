@@ -8,7 +8,8 @@ with the linear layers plain and once packed (the order alternates between repea
 context: ``decode_step_ms`` per side (median step of each repeat; median and spread over repeats),
 ``packed_vs_plain`` per repeat, and ``decode_bandwidth_util`` (the weights' and the keys'/values' bytes a
 step reads, over the step time, over the measured copy bandwidth: bench/roofline.py). Exit 1 when packed
-is slower than plain (`--goal`, default 1.0) at any context.
+is slower than plain (`--goal`, default 1.0) at any context. On a CPU whose oneDNN cannot lay out bf16
+weights (AVX2-only) it prints one ``skipped`` line with the probe's reason and exits 0.
 
     .venv/bin/python bench/decode_step.py                         # 8 rows at 64 and 4,000 keys, 3 repeats
     .venv/bin/python bench/decode_step.py --rows 2 --contexts 16 --new-tokens 4 --repeats 1   # smoke size
@@ -29,6 +30,7 @@ import torch
 from common import emit as common_emit
 from common import spread
 from roofline import bandwidth_util, peaks, weight_bytes
+from uniagent.models import linear
 from uniagent.models.base import SamplingParams
 from uniagent.models.linear import PackedLinear
 from uniagent.models.local import LocalEngine
@@ -80,6 +82,9 @@ async def decode(engine: LocalEngine, prompts: list[list[int]], tag: str, new_to
 
 
 async def run(args: argparse.Namespace) -> bool:
+    if not linear.supported():  # nothing to compare: the product keeps torch's product on this CPU
+        emit("skipped", None, None, reason=linear.choice().describe())
+        return True
     engine = LocalEngine(dtype=args.dtype)
     model = engine._model
     peak = peaks()

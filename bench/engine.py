@@ -6,7 +6,8 @@ Agent section (the default). `--episodes` episodes run at once, each `--turns` t
 later turn appends the cut assistant turn and a ~`--observation-tokens` tool observation, as
 TokenChatModel sends (engine_workload.py). Every repeat gets fresh text (no cache holds it from an
 earlier repeat) and every engine the same repeat's text. The engines (engine_peers.py): ``local_new``
-(LocalEngine, product defaults, `--dtype`), ``llama_server`` (the packaged GGUF re-written at the same
+(LocalEngine, product defaults; `--dtype auto`, the default, runs every engine at the precision the
+product picks on this machine and says why), ``llama_server`` (the packaged GGUF re-written at the same
 precision, engine_gguf.py; OpenMP threads spinning like torch's), ``hf_generate`` (batched per turn),
 and the labelled extra ``llama_server_q4_1`` (the packaged 4-bit file); opt-in: ``llama_server_passive``,
 ``local_no_reuse``, ``local_old``. Each engine is started, warmed up (every episode at once), run
@@ -47,6 +48,7 @@ from engine_short import short_section
 from engine_workload import Result, Workload, build_workload, drive, warm_up
 from roofline import bandwidth_util, mfu, peaks
 from uniagent.models.loading import load_tokenizer, resolve_model
+from uniagent.models.precision import resolve_precision
 from uniagent.tokens import ChatCodec
 
 BENCH = "engine"
@@ -217,6 +219,7 @@ async def agent_section(args: argparse.Namespace) -> int:
     peak = peaks()
     context = {
         "episodes": args.episodes, "turns": args.turns, "new_tokens": args.new_tokens, "dtype": args.dtype,
+        "dtype_why": args.dtype_why,
         "prompt_tokens_first": lengths[0], "prompt_tokens_last": lengths[-1], "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": args.device,
         "load_avg_at_start": round(os.getloadavg()[0], 2), "peak_bf16_gflops": peak.get("bf16_gflops"),
@@ -251,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--model", default=None, help="model spec for resolve_model (default: packaged SmolLM2)")
     add("--device", default="cpu")
-    add("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="LocalEngine, HF and the GGUF")
+    add("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+        help="LocalEngine, HF and the GGUF (auto: what the product picks on this machine)")  # fmt: skip
     add("--quick", action="store_true", help="4 episodes x 3 turns, shorter prompts")
     add("--short", action="store_true", help="only the short-prompt section (engine_short.py)")
     add("--episodes", type=int, default=8)
@@ -278,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    precision = resolve_precision(args.dtype, args.device)  # every engine runs the product's choice
+    args.dtype, args.dtype_why = precision.dtype, precision.why
+    log.info("dtype %s (%s)", args.dtype, args.dtype_why)
     if args.short:
         asyncio.run(short_section(args))
         return 0

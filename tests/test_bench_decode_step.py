@@ -13,14 +13,30 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import decode_step  # noqa: E402
+from uniagent.models import linear  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
+ARGV = ["--rows", "2", "--contexts", "16", "--new-tokens", "4", "--repeats", "1", "--goal", "0"]
+
+
+def _rows(capsys) -> list[dict]:
+    return [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+
+
+def test_a_cpu_that_cannot_lay_out_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(linear, "supported", lambda: False)
+    monkeypatch.setattr(linear, "choice", lambda refresh=False: linear.LinearChoice(why="cannot lay out"))
+    assert decode_step.main(ARGV) == 0
+    (row,) = _rows(capsys)
+    assert row["figure"] == "skipped" and "cannot lay out" in row["reason"]
+
+
+@pytest.mark.skipif(not linear.supported(), reason="this CPU cannot lay out bf16 weights (no AVX-512)")
 def test_tiny_decode_step_bench_prints_both_sides(capsys):
-    argv = ["--rows", "2", "--contexts", "16", "--new-tokens", "4", "--repeats", "1", "--goal", "0"]
-    assert decode_step.main(argv) == 0
-    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert decode_step.main(ARGV) == 0
+    rows = _rows(capsys)
     steps = {r["side"]: r for r in rows if r["figure"] == "decode_step_ms"}
     assert set(steps) == {"plain", "packed"} and all(s["value"]["median"] > 0 for s in steps.values())
     ratio = next(r for r in rows if r["figure"] == "packed_vs_plain")
