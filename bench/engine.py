@@ -46,9 +46,9 @@ from engine_peers import LLAMA, Side, open_side
 from engine_prefill import prefill_figures, prefill_flops
 from engine_short import short_section
 from engine_workload import Result, Workload, build_workload, drive, warm_up
-from roofline import bandwidth_util, mfu, peaks
+from roofline import bandwidth_util, ceiling, mfu, peaks
 from uniagent.models.loading import load_tokenizer, resolve_model
-from uniagent.models.precision import resolve_precision
+from uniagent.models.precision import resolve as resolve_precision
 from uniagent.tokens import ChatCodec
 
 BENCH = "engine"
@@ -222,7 +222,7 @@ async def agent_section(args: argparse.Namespace) -> int:
         "dtype_why": args.dtype_why,
         "prompt_tokens_first": lengths[0], "prompt_tokens_last": lengths[-1], "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": args.device,
-        "load_avg_at_start": round(os.getloadavg()[0], 2), "peak_bf16_gflops": peak.get("bf16_gflops"),
+        "load_avg_at_start": round(os.getloadavg()[0], 2), "peak_bf16_gflops": ceiling(peak, "bf16"),
         "peak_fp32_gflops": peak.get("fp32_gflops"), "peak_memory_gbps": peak.get("memory_gbps"),
     }  # fmt: skip
     env = {"source": source, "codec": codec, "config": config, "peak": peak, "context": context}

@@ -34,6 +34,16 @@ def test_fractions_divide_by_the_matching_peak():
     assert roofline.mfu(400e9, 1.0, "bfloat16", peak) == 0.5
     assert roofline.bandwidth_util(5e9, 1.0, peak) == 0.5
     assert roofline.mfu(1.0, 1.0, "int4", peak) is None
+    # bf16 emulated (AVX2-only): widened operands run at the fp32 rate, so that is bf16's ceiling
+    slow = {"fp32_gflops": 100.0, "bf16_gflops": 1.0}
+    assert roofline.mfu(50e9, 1.0, "bfloat16", slow) == 0.5 and roofline.ceiling(slow, "bf16") == 100.0
+
+
+def test_a_dtype_far_slower_than_the_first_shape_allows_skips_the_large_shape(monkeypatch):
+    timed = []
+    monkeypatch.setattr(roofline, "_rate", lambda fn, work, seconds: timed.append(work) or 1.0)
+    rate, shape = roofline.matmul_gflops("fp32", 0.02, shapes=((8, 8, 8), (4096, 2048, 2048)))
+    assert (rate, shape, len(timed)) == (1.0, [8, 8, 8], 1)
 
 
 def test_flops_of_the_packaged_model_are_two_per_weight_per_token():

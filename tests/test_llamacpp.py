@@ -196,7 +196,9 @@ async def test_runner_episodes_are_token_exact(server: LlamaServer, tmp_path: Pa
         assert row["exit_reason"] in NORMAL_EXITS, (row["exit_reason"], row["error"])
         assert row["trainable"] is True
         (traj,) = row["segments"]
-        assert traj["drift"] is None
+        # sampled at T=0.7, the model may pick a split of its own text that a fresh encoding would not
+        # (which one depends on the CPU's numerics): "sampled" drift, kept as sampled; any other is ours
+        assert traj["drift"] is None or traj["drift_kind"] == "sampled", (traj["drift"], traj["drift_kind"])
         mask, logprobs = traj["response_mask"], traj["response_logprobs"]
         assert len(mask) == len(logprobs) == len(traj["response_ids"]) and sum(mask) > 0
         model = [lp for m, lp in zip(mask, logprobs, strict=True) if m == 1]
