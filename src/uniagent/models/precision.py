@@ -77,7 +77,7 @@ def _auto(device: str) -> Precision:
         return Precision("float32", f"auto: the CPU probe failed ({exc})")
     ratio = choice.bf16_gflops / choice.fp32_gflops if choice.fp32_gflops else 0.0
     measured = (
-        f"bf16 matmul {ratio:.1f}x fp32 here ({choice.bf16_gflops:g} vs {choice.fp32_gflops:g} GFLOP/s on "
+        f"bf16 matmul {ratio:.2g}x fp32 here ({choice.bf16_gflops:g} vs {choice.fp32_gflops:g} GFLOP/s on "
         "1 thread)"
     )
     if ratio >= BF16_MIN_SPEEDUP:
