@@ -76,8 +76,9 @@ def _auto(device: str) -> Precision:
     except RuntimeError as exc:
         return Precision("float32", f"auto: the CPU probe failed ({exc})")
     ratio = choice.bf16_gflops / choice.fp32_gflops if choice.fp32_gflops else 0.0
+    shown = f"{ratio:.1f}" if ratio >= 0.1 else f"{ratio:.2g}"  # 8.0x; 0.015x where bf16 is emulated
     measured = (
-        f"bf16 matmul {ratio:.2g}x fp32 here ({choice.bf16_gflops:g} vs {choice.fp32_gflops:g} GFLOP/s on "
+        f"bf16 matmul {shown}x fp32 here ({choice.bf16_gflops:g} vs {choice.fp32_gflops:g} GFLOP/s on "
         "1 thread)"
     )
     if ratio >= BF16_MIN_SPEEDUP:
