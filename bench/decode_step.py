@@ -1,5 +1,5 @@
 """LocalEngine's decode step: its weight products on packed weights (models/linear.py) against torch's plain
-bf16 `F.linear`, in the same engine, on the same cache, alternating.
+`F.linear` (bf16 or fp32), in the same engine, on the same cache, alternating.
 
 One engine (`--dtype`, product defaults) holds `--rows` prompts of each `--contexts` length (prefilled
 once, kept as each request's prefix). Each repeat decodes `--new-tokens` tokens on every row twice, once
@@ -8,10 +8,11 @@ with the linear layers plain and once packed (the order alternates between repea
 context: ``decode_step_ms`` per side (median step of each repeat; median and spread over repeats),
 ``packed_vs_plain`` per repeat, and ``decode_bandwidth_util`` (the weights' and the keys'/values' bytes a
 step reads, over the step time, over the measured copy bandwidth: bench/roofline.py). Exit 1 when packed
-is slower than plain (`--goal`, default 1.0) at any context. On a CPU whose oneDNN cannot lay out bf16
-weights (AVX2-only) it prints one ``skipped`` line with the probe's reason and exits 0.
+is slower than plain (`--goal`, default 1.0) at any context. On a CPU whose oneDNN cannot lay out weights
+of `--dtype` (bf16 on an AVX2-only CPU) it prints one ``skipped`` line with the probe's reason and exits 0.
 
     .venv/bin/python bench/decode_step.py                         # 8 rows at 64 and 4,000 keys, 3 repeats
+    .venv/bin/python bench/decode_step.py --dtype float32 --rows 4   # fp32 (MKL's product against oneDNN's)
     .venv/bin/python bench/decode_step.py --rows 2 --contexts 16 --new-tokens 4 --repeats 1   # smoke size
 """
 
@@ -40,10 +41,10 @@ emit = partial(common_emit, BENCH)
 
 
 def set_packed(model: torch.nn.Module, packed: bool) -> int:
-    """Switch every bf16 linear layer of `model` to packed weights or back to torch's plain product."""
+    """Switch every linear layer of `model` to packed weights or back to torch's plain product."""
     n = 0
     for module in model.modules():
-        if type(module) in (torch.nn.Linear, PackedLinear) and module.weight.dtype == torch.bfloat16:
+        if type(module) in (torch.nn.Linear, PackedLinear):
             module.__class__ = PackedLinear if packed else torch.nn.Linear
             n += 1
     return n
@@ -82,8 +83,9 @@ async def decode(engine: LocalEngine, prompts: list[list[int]], tag: str, new_to
 
 
 async def run(args: argparse.Namespace) -> bool:
-    if not linear.supported():  # nothing to compare: the product keeps torch's product on this CPU
-        emit("skipped", None, None, reason=linear.choice().describe())
+    dtype = getattr(torch, args.dtype)
+    if not linear.supported(dtype):  # nothing to compare: the product keeps torch's product on this CPU
+        emit("skipped", None, None, reason=linear.choice(dtype).describe(), dtype=args.dtype)
         return True
     engine = LocalEngine(dtype=args.dtype)
     model = engine._model
@@ -108,7 +110,12 @@ async def run(args: argparse.Namespace) -> bool:
                         runs[side].append(statistics.median(steps) * 1e3)
             set_packed(model, False)
             nbytes = weight_bytes(model) + kv_bytes(model, args.rows, context + args.new_tokens // 2)
-            context_info = {"rows": args.rows, "context": context, "new_tokens": args.new_tokens}
+            context_info = {
+                "rows": args.rows,
+                "context": context,
+                "new_tokens": args.new_tokens,
+                "dtype": args.dtype,
+            }
             for side, ms in runs.items():
                 emit("decode_step_ms", spread(ms, 2), "ms", side=side, **context_info)
                 util = [bandwidth_util(nbytes, m / 1e3, peak) or 0.0 for m in ms]
@@ -132,7 +139,7 @@ async def run(args: argparse.Namespace) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[64, 4000])
     parser.add_argument("--new-tokens", type=int, default=64)

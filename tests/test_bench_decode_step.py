@@ -1,5 +1,6 @@
 """bench/decode_step.py at a tiny size: 2 rows over 16 keys, 4 tokens, one repeat of plain against packed
-weights in the same real bf16 engine; the figures it prints and its exit status."""
+weights in the same real engine (bf16 where the CPU lays it out, fp32 everywhere); the figures it prints
+and its exit status."""
 
 from __future__ import annotations
 
@@ -26,19 +27,31 @@ def _rows(capsys) -> list[dict]:
 
 
 def test_a_cpu_that_cannot_lay_out_says_so(capsys, monkeypatch):
-    monkeypatch.setattr(linear, "supported", lambda: False)
-    monkeypatch.setattr(linear, "choice", lambda refresh=False: linear.LinearChoice(why="cannot lay out"))
+    monkeypatch.setattr(linear, "supported", lambda *a: False)
+    monkeypatch.setattr(linear, "choice", lambda *a, **k: linear.LinearChoice(why="cannot lay out"))
     assert decode_step.main(ARGV) == 0
     (row,) = _rows(capsys)
     assert row["figure"] == "skipped" and "cannot lay out" in row["reason"]
 
 
-@pytest.mark.skipif(not linear.supported(), reason="this CPU cannot lay out bf16 weights (no AVX-512)")
-def test_tiny_decode_step_bench_prints_both_sides(capsys):
-    assert decode_step.main(ARGV) == 0
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        pytest.param(
+            "bfloat16",
+            marks=pytest.mark.skipif(
+                not linear.supported(), reason="this CPU cannot lay out bf16 weights (no AVX-512)"
+            ),
+        ),
+        "float32",
+    ],
+)
+def test_tiny_decode_step_bench_prints_both_sides(capsys, dtype):
+    assert decode_step.main([*ARGV, "--dtype", dtype]) == 0
     rows = _rows(capsys)
     steps = {r["side"]: r for r in rows if r["figure"] == "decode_step_ms"}
     assert set(steps) == {"plain", "packed"} and all(s["value"]["median"] > 0 for s in steps.values())
     ratio = next(r for r in rows if r["figure"] == "packed_vs_plain")
     assert ratio["value"]["median"] > 0 and ratio["met"] is True and ratio["layers"] == 30 * 7 + 1
+    assert ratio["dtype"] == dtype
     assert all(r["value"]["median"] > 0 for r in rows if r["figure"] == "decode_bandwidth_util")

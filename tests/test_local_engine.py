@@ -398,6 +398,7 @@ async def test_model_config_sets_the_prefix_budget(monkeypatch):
 
 def test_dequantized_gguf_is_kept_and_loads_the_same_weights(smol_engine, smol_source):
     """The engine's load de-quantized the GGUF once and kept it; a second load reads the copy."""
+    from uniagent.models.linear import pack_linears
     from uniagent.models.loading import dequantized_dir, load_causal_lm
 
     cached = dequantized_dir(smol_source, "float32")
@@ -405,6 +406,7 @@ def test_dequantized_gguf_is_kept_and_loads_the_same_weights(smol_engine, smol_s
     started = time.perf_counter()
     model = load_causal_lm(smol_source)
     assert time.perf_counter() - started < 10  # de-quantizing the GGUF takes ~25 s on 2 cores
+    pack_linears(model)  # as the engine did: the same products on both sides
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, smol_engine.model(ids).logits)

@@ -159,7 +159,7 @@ def cpu_checks() -> list[Check]:
     """What was chosen by CPU feature, each found by running it here (`uniagent.cpu`): the CPU's
     matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed), the
     attention kernels (decode per dtype, bf16 prefill) and whether bf16 linear layers run on packed
-    weights (both timed in a child), and the llama-server build variant (smoke-tested when built)."""
+    weights per dtype (both timed in a child), and the llama-server build variant (smoke-tested when built)."""
     from uniagent import cpu
     from uniagent.models.remote import llama_build
 
@@ -178,11 +178,12 @@ def cpu_checks() -> list[Check]:
     from uniagent.models import attention
 
     rows.append(Check("attention kernels", True, attention.choice().describe()))
-    from uniagent.models import linear
-
-    rows.append(Check("bf16 linear", True, linear.choice().describe()))
     import torch
 
+    from uniagent.models import linear
+
+    rows.append(Check("bf16 linear", True, linear.choice(torch.bfloat16).describe()))
+    rows.append(Check("fp32 linear", True, linear.choice(torch.float32).describe()))
     cuda = "yes" if torch.cuda.is_available() else "no"
     rows.append(Check("torch", True, f"{torch.__version__}, cuda={cuda}"))
     chosen = llama_build.choice()

@@ -1,24 +1,31 @@
-"""bf16 linear layers on CPU with their weights laid out once for oneDNN, where a probe shows it pays.
+"""Linear layers on CPU with their weights laid out once for oneDNN, per dtype, where a probe shows it pays.
 
-Why: torch's bf16 `F.linear` on CPU hands oneDNN a plain [out, in] weight, which oneDNN re-lays into
+Why, bf16: torch's bf16 `F.linear` on CPU hands oneDNN a plain [out, in] weight, which oneDNN re-lays into
 its blocked layout on every call. At a decode step's few rows that re-layout is a large part of the
 work. On an AMD EPYC with AVX512-BF16 (2 threads), one SmolLM2 decode step of 8 rows ran its 211
 weight products in 30.3 ms this way. With each weight laid out once it took 18.0 ms, and the engine's
 whole decode step at 64 keys went from 70 to 43 ms. Large prefill chunks gain little; nothing was slower.
 
+Why, fp32: torch's fp32 `F.linear` goes to MKL's sgemm, which at a decode step's few rows streams the
+weights far below the memory bandwidth. On an AVX2-only AMD EPYC (2 threads) SmolLM2's lm head took 19 ms
+at 4 rows (6 GB/s) and 4.8 ms laid out for oneDNN; its MLP products about half the time; prefill-sized
+products were no slower. The whole decode step spent 90 ms in weight products plain, 46 ms laid out.
+
 Laying out once is `torch.ops.mkldnn._reorder_linear_weight`; the product is `_linear_pointwise`.
-These are the ops torch's inductor emits when it freezes a CPU model. The products run the same oneDNN
-kernel on the same layout, so the outputs are bitwise the plain ones (the probe checks this and refuses
-otherwise).
+These are the ops torch's inductor emits when it freezes a CPU model. In bf16 they run the kernel torch's
+own product runs, on the same layout, so the outputs are bitwise the plain ones. In fp32 the plain product
+is MKL's, which adds in another order: the outputs agree to float noise (the probe measures the largest
+difference relative to the output and refuses above `TOLERANCE`: 1e-5 for fp32, 0 for bf16).
 
 The cost is a second copy of every packed weight. The dense one stays: weight updates write it, a tied
-embedding reads it, `state_dict` returns it. A weight written in place (`update_weights`, a trainer's
-optimizer step on a shared model) bumps its version counter, and the layer lays it out again on its next
-call. Only bf16 layers on CPU that do not need gradients are packed: autograd and fp32 keep `F.linear`,
-and the fp32 exactness tests keep torch's own path.
+embedding reads it, `state_dict` returns it, autograd uses it. A weight written in place
+(`update_weights`, a trainer's optimizer step on a shared model) bumps its version counter, and the layer
+lays it out again on its next call. Only layers on CPU that do not need gradients take the packed
+product: autograd keeps `F.linear`, so a trainer's forward and backward are torch's own.
 
-Machines differ (AMX, other torch builds), so nothing is assumed. `choice()` times both ways in a child
-interpreter, once per CPU and torch, like the attention probe. `uniagent doctor` says what was picked.
+Machines differ (AMX, AVX2-only, other torch builds), so nothing is assumed. `choice(dtype)` times both
+ways in a child interpreter, once per CPU, torch and dtype, like the attention probe. `uniagent doctor`
+says what was picked for each dtype.
 """
 
 from __future__ import annotations
@@ -33,12 +40,18 @@ import torch
 from uniagent.cpu import timed_us
 
 MIN_SPEEDUP = 1.1  # packed must beat plain by this much at the probe's decode shape to be used
+# the largest |packed - plain| over the largest |plain| the probe accepts, per dtype (module docstring)
+TOLERANCE = {torch.bfloat16: 0.0, torch.float32: 1e-5}
+DTYPES = tuple(TOLERANCE)
 # The probe: SmolLM2's MLP up-projection and its lm head at a decode step's 8 rows; a 300-row chunk and a
 # single row are checked for equality too (oneDNN picks other kernels there).
 _SHAPES = ((1536, 576), (49152, 576))
 _ROWS = 8
 _CHECK_ROWS = (1, 8, 300)
-_PROBE = "import json\nfrom uniagent.models.linear import measure\nprint('PROBE', json.dumps(measure()))\n"
+_PROBE = (
+    "import json, torch\nfrom uniagent.models.linear import measure\n"
+    "print('PROBE', json.dumps(measure(torch.{dtype})))\n"
+)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -50,8 +63,8 @@ def _packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 class PackedLinear(torch.nn.Linear):
-    """An `nn.Linear` (swapped in by class, parameters untouched) whose bf16 product uses a weight laid
-    out once, laid out again when the weight's version counter says it was written."""
+    """An `nn.Linear` (swapped in by class, parameters untouched) whose product without autograd uses a
+    weight laid out once, laid out again when the weight's version counter says it was written."""
 
     _packed_weight: torch.Tensor | None = None
     _packed_key: tuple[int, int] | None = None
@@ -88,17 +101,20 @@ class PackedLinear(torch.nn.Linear):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Switch `model`'s bf16 CPU `nn.Linear` layers to `PackedLinear` where the probe picked it; how many
-    were switched (0: not picked here, or nothing bf16 on CPU)."""
+    """Switch `model`'s CPU `nn.Linear` layers to `PackedLinear` where the probe picked it for their dtype;
+    how many were switched (0: not picked here, or nothing on CPU in a dtype the probe covers)."""
     layers = [
         module
         for module in model.modules()
         if type(module) is torch.nn.Linear
-        and module.weight.dtype == torch.bfloat16
+        and module.weight.dtype in DTYPES
         and module.weight.device.type == "cpu"
         and not module.weight.is_inference()
     ]
-    if not layers or not choice().packed:  # probed only where there is something to pack
+    dtypes = {module.weight.dtype for module in layers}
+    picked = {dtype for dtype in dtypes if choice(dtype).packed}  # probed only where there is something
+    layers = [module for module in layers if module.weight.dtype in picked]
+    if not layers:
         return 0
     with torch.no_grad():
         for module in layers:
@@ -116,9 +132,9 @@ def packed_bytes(model: torch.nn.Module) -> int:
     )
 
 
-def measure() -> dict[str, Any]:
-    """Time plain and packed bf16 products on the probe's shapes, and check that they are bitwise equal
-    (run in the probe's child interpreter)."""
+def measure(dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """Time plain and packed products in `dtype` on the probe's shapes, and measure how far apart their
+    outputs are (run in the probe's child interpreter)."""
     gen = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {
         "threads": torch.get_num_threads(),
@@ -126,37 +142,44 @@ def measure() -> dict[str, Any]:
         "plain_us": 0.0,
         "packed_us": 0.0,
     }
-    equal = True
+    diff = 0.0
     with torch.inference_mode():
         for rows_out, rows_in in _SHAPES:
-            weight = torch.randn(rows_out, rows_in, generator=gen).to(torch.bfloat16)
-            bias = torch.randn(rows_out, generator=gen).to(torch.bfloat16)
+            weight = torch.randn(rows_out, rows_in, generator=gen).to(dtype)
+            bias = torch.randn(rows_out, generator=gen).to(dtype)
             packed = _pack(weight)
             for rows in _CHECK_ROWS:
-                x = torch.randn(rows, rows_in, generator=gen).to(torch.bfloat16)
-                equal &= torch.equal(torch.nn.functional.linear(x, weight, bias), _packed(x, packed, bias))
-            x = torch.randn(_ROWS, rows_in, generator=gen).to(torch.bfloat16)
+                x = torch.randn(rows, rows_in, generator=gen).to(dtype)
+                plain = torch.nn.functional.linear(x, weight, bias).float()
+                gap = (_packed(x, packed, bias).float() - plain).abs().max() / plain.abs().max()
+                diff = max(diff, float(gap))
+            x = torch.randn(_ROWS, rows_in, generator=gen).to(dtype)
             out["plain_us"] += timed_us(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
             out["packed_us"] += timed_us(lambda x=x, p=packed: _packed(x, p, None))
-    out["equal"] = bool(equal)
+    out["max_rel_diff"] = diff
+    out["equal"] = diff <= TOLERANCE[dtype]
     return out
 
 
 @functools.cache
-def supported() -> bool:
-    """Whether torch's oneDNN lays out bf16 weights on this CPU at all (it refuses without AVX-512
-    BW/VL/DQ or AVX-NE-CONVERT, e.g. on AVX2-only CPUs)."""
+def supported(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether torch's oneDNN lays out `dtype` weights on this CPU at all (bf16: it refuses without
+    AVX-512 BW/VL/DQ or AVX-NE-CONVERT, e.g. on AVX2-only CPUs)."""
     try:
-        _pack(torch.zeros(16, 16, dtype=torch.bfloat16))
+        _pack(torch.zeros(16, 16, dtype=dtype))
     except RuntimeError:
         return False
     return True
 
 
+def _short(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+
+
 @dataclass
 class LinearChoice:
-    """Whether bf16 linear layers run with packed weights here, and what the probe measured (or why it
-    could not)."""
+    """Whether linear layers of one dtype run with packed weights here, and what the probe measured (or
+    why it could not)."""
 
     packed: bool = False
     measured: dict[str, Any] = field(default_factory=dict)
@@ -167,20 +190,23 @@ class LinearChoice:
         if self.why:
             return f"plain ({self.why})"
         timed = f"{m['rows']} rows: plain {m['plain_us']:g} us, packed {m['packed_us']:g} us"
+        diff = m.get("max_rel_diff", 0.0)
         if not m.get("equal"):
-            return f"plain (packed results differ from plain; {timed})"
-        return f"{'packed' if self.packed else 'plain'} weights for bf16 ({timed}; bitwise equal)"
+            return f"plain (packed results differ from plain by {diff:.2g}; {timed})"
+        agree = "bitwise equal" if not diff else f"within {diff:.2g} of plain"
+        return f"{'packed' if self.packed else 'plain'} weights ({timed}; {agree})"
 
 
-def probe() -> LinearChoice:
+def probe(dtype: torch.dtype = torch.bfloat16) -> LinearChoice:
     """Measure in a child interpreter under the torch kernel setting this CPU runs (`uniagent.cpu`)."""
     from uniagent import cpu
 
     if not torch.backends.mkldnn.is_available():
         return LinearChoice(why="this torch has no oneDNN")
-    if not supported():
-        return LinearChoice(why="this CPU cannot lay out bf16 weights for oneDNN (needs AVX-512 BW/VL/DQ)")
-    found, why = cpu.run_torch_probe(_PROBE)
+    if not supported(dtype):
+        need = " (needs AVX-512 BW/VL/DQ)" if dtype == torch.bfloat16 else ""
+        return LinearChoice(why=f"this CPU cannot lay out {_short(dtype)} weights for oneDNN{need}")
+    found, why = cpu.run_torch_probe(_PROBE.format(dtype=str(dtype).removeprefix("torch.")))
     if found is None:
         return LinearChoice(why=f"the linear probe failed: {why}")
     fast = found["plain_us"] >= MIN_SPEEDUP * found["packed_us"]
@@ -188,11 +214,17 @@ def probe() -> LinearChoice:
 
 
 @functools.cache
-def choice(refresh: bool = False) -> LinearChoice:
-    """The cached choice for this CPU and torch, probed (a second, once) when there is none.
+def choice(dtype: torch.dtype = torch.bfloat16, refresh: bool = False) -> LinearChoice:
+    """The cached choice for `dtype` on this CPU and torch, probed (a second, once) when there is none.
     `UNIAGENT_CPU_PROBE=0` keeps plain products without probing."""
     from uniagent import cpu
 
     if os.environ.get("UNIAGENT_CPU_PROBE", "1") == "0":
         return LinearChoice(why="UNIAGENT_CPU_PROBE=0")
-    return cpu.cached_probe("linear", LinearChoice, probe, refresh, keep=lambda found: not found.why)
+    return cpu.cached_probe(
+        f"linear-{_short(dtype)}",
+        LinearChoice,
+        functools.partial(probe, dtype),
+        refresh,
+        keep=lambda found: not found.why,
+    )
