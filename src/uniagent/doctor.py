@@ -158,8 +158,9 @@ async def run_checks(models: Sequence[str] = (), quick: bool = False) -> list[Ch
 def cpu_checks() -> list[Check]:
     """What was chosen by CPU feature, each found by running it here (`uniagent.cpu`): the CPU's
     matrix units, torch's kernel setting (probed in a child, fallen back from if it crashed), the
-    attention kernels (decode per dtype, bf16 prefill) and whether bf16 linear layers run on packed
-    weights per dtype (both timed in a child), and the llama-server build variant (smoke-tested when built)."""
+    attention kernels (decode per dtype, bf16 prefill), whether bf16 and fp32 linear layers run on packed
+    weights (both timed in a child, per dtype), and the llama-server build variant (smoke-tested when
+    built)."""
     from uniagent import cpu
     from uniagent.models.remote import llama_build
 
