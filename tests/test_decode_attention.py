@@ -119,6 +119,8 @@ def test_the_probe_runs_in_a_child_once_per_cpu_and_torch(
     assert not found.why and set(found.kernels.values()) <= set(attention.KERNELS)
     for name in ("fp32", "bf16"):
         assert found.measured[name]["sdpa"]["us"] > 0 and found.measured[name]["matmul"]["us"] > 0
+        if "path" in found.measured["native"]:  # built here: timed on either cache
+            assert found.measured[name]["native"]["us"] > 0
     stored = list((probe_cache / "cpu").glob(f"attention-*-{cpu.cpu_id()}-*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["kernels"] == found.kernels
     monkeypatch.setattr(attention, "probe", lambda: pytest.fail("probed again"))
@@ -152,6 +154,28 @@ async def test_engine_decode_is_the_same_with_either_kernel(smol_engine, smol_to
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
+@pytest.mark.slow
+async def test_fp32_engine_decode_with_the_native_kernel_is_the_same(
+    smol_engine, smol_tokenizer, native_lib, monkeypatch
+) -> None:
+    """The real fp32 engine with the native kernel reading its fp32 cache in place: the same greedy tokens
+    as SDPA, logprobs within float noise."""
+    prompts = [chat_prompt(smol_tokenizer, q) for q in QUESTIONS[:3]]
+    path = str(next(iter(native_lib.values()))._name)
+
+    async def run(kernel: str) -> list:
+        chosen = AttentionChoice(dict.fromkeys(("fp32", "bf16"), kernel), native=path)
+        monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
+        return await asyncio.gather(
+            *(smol_engine.generate(p, greedy(max_tokens=24), f"n{kernel}-{i}") for i, p in enumerate(prompts))
+        )
+
+    with_sdpa, with_native = await run("sdpa"), await run("native")
+    for a, b in zip(with_sdpa, with_native, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
 @pytest.fixture
 def native_lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Each build of the native kernel this CPU reports, built into a fresh cache."""
@@ -179,7 +203,14 @@ def test_native_kernel_equals_sdpa_on_a_strided_bf16_cache_with_either_mask(nati
             got = matmul_attention(q, k, v, mask, 0.125, native=lib)
             assert got.dtype == torch.bfloat16 and got.shape == q.shape
             assert (got.float() - _sdpa(q, k, v, mask)).abs().max() < 1e-2
-    assert not attention_native.fits(q.float(), k.float(), v.float())  # fp32 takes the matmul path
+    q = q.float()  # an fp32 cache, strided views again: read as it lies, the same sums
+    k, v = (torch.cat([t.float(), t[:, :, :20].float()], dim=2)[:, :, :300] for t in (k, v))
+    assert attention_native.fits(q, k, v) and not k.is_contiguous()
+    assert not attention_native.fits(q, k, v.to(torch.bfloat16))  # mixed caches take the matmul path
+    for lib in native_lib.values():
+        for mask in (None, padded, additive):
+            got = matmul_attention(q, k, v, mask, 0.125, native=lib)
+            assert got.dtype == torch.float32 and (got - _sdpa(q, k, v, mask)).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -199,11 +230,12 @@ def test_native_products_equal_fp64_for_every_group_and_dim_tile(native_lib, q_h
         want_s = torch.einsum("rhgd,rhkd->rhgk", q.double(), k.double())
         want_o = torch.einsum("rhgk,rhkd->rhgd", p.double(), v.double())
         for lib in native_lib.values():
-            s, o = torch.full_like(p, float("nan")), torch.full_like(q, float("nan"))
-            attention_native.scores(lib, q, k, s)
-            attention_native.weighted(lib, p, v, o)
-            assert (s.double() - want_s).abs().max() < 1e-4 * dim
-            assert (o.double() - want_o).abs().max() < 1e-5
+            for cache in (torch.bfloat16, torch.float32):  # the values are bf16's, so one reference
+                s, o = torch.full_like(p, float("nan")), torch.full_like(q, float("nan"))
+                attention_native.scores(lib, q, k.to(cache), s)
+                attention_native.weighted(lib, p, v.to(cache), o)
+                assert (s.double() - want_s).abs().max() < 1e-4 * dim
+                assert (o.double() - want_o).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize(

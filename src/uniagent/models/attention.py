@@ -10,9 +10,11 @@ disagrees with an fp32 reference, is never used. `uniagent doctor` shows what wa
 
 `matmul_attention` keeps the precision class of the SDPA kernel: the scores, softmax and weighted sum are
 fp32 whatever the cache holds (a bf16 matmul would round every score to 8 bits of mantissa). Only the
-output is cast back to the query's dtype. With `native` (bf16 caches) its two products run in the C
-kernels of `attention_native.py`, which widen the cache as they read it instead of copying it to fp32
-first; the probe offers that kernel where a C compiler builds it, and times it like the others.
+output is cast back to the query's dtype. With `native` its two products run in the C kernels of
+`attention_native.py`, which read the cache in place: a bf16 cache widened as it is read instead of
+copied to fp32 first, an fp32 one as it lies (on an AVX2-only EPYC, fp32 SDPA and matmuls read a decode
+step's cache at a fraction of the memory bandwidth). The probe offers that kernel per dtype where a C
+compiler builds it, and times it like the others.
 
 The probe's shape is agent-sized (8 rows over 3,072 keys): the copy the native kernel saves grows with
 the context, and at 4 rows x 1,024 keys all three kernels were within 1.2x of each other.
@@ -148,7 +150,8 @@ def _sdpa(
 
 def measure() -> dict[str, Any]:
     """Time each kernel per dtype on the probe's shape (run in the probe's child interpreter). The native
-    kernel is built here (bf16 only) unless `UNIAGENT_NATIVE_ATTENTION=0`, and run in this child only."""
+    kernel is built here unless `UNIAGENT_NATIVE_ATTENTION=0`, its builds raced on bf16 caches, the
+    fastest also timed on fp32 ones, and run in this child only."""
     s = _SHAPE
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(s["rows"], s["heads"], 1, s["head_dim"], generator=gen)
@@ -171,13 +174,19 @@ def measure() -> dict[str, Any]:
                 err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
                 args = (q, k, v, mask, scale)
                 row[kernel] = {"us": timed_us(lambda fn=fn, args=args: fn(*args)), "max_err": err}
-            if name == "bf16":  # the native kernel reads bf16 caches only
+            if name == "bf16":  # the builds are raced on bf16 caches (the widening is what they differ in)
                 out["native"] = native = _native_builds(q, k, v, mask, scale, reference)
                 if "path" in native:
                     row["native"] = {"us": native["us"][native["variant"]], "max_err": native["max_err"]}
                     out["prefill"] = _prefill_row(attention_native.load(native["path"]), gen)
                     out["prefill_shape"] = _PREFILL
             out[name] = row
+        lib = attention_native.load(out["native"]["path"]) if "path" in out["native"] else None
+        if lib is not None:  # the fastest build's fp32 products, on the fp32 operands
+            fn = functools.partial(matmul_attention, native=lib)
+            args = (query, keys[:, :, : s["keys"]], values[:, :, : s["keys"]], mask, scale)
+            err = float((fn(*args) - reference).abs().max())
+            out["fp32"]["native"] = {"us": timed_us(lambda: fn(*args)), "max_err": err}
     return out
 
 

@@ -15,8 +15,9 @@
  * 16-lane registers and ran 2-5x slower than plain loops the compiler vectorises, so those builds keep
  * the plain loops.
  *
- * q, s, p, out: contiguous fp32. k, v: bf16 as uint16 with element strides per row, head and key
- * (the last dimension contiguous). dim: a multiple of 16, at most 512.
+ * q, s, p, out: contiguous fp32. k, v: bf16 as uint16 (ua_scores, ua_weighted) or fp32 (the _f32 pair),
+ * with element strides per row, head and key (the last dimension contiguous). dim: a multiple of 16, at
+ * most 512.
  */
 #include <stdint.h>
 
@@ -177,30 +178,67 @@ static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long s
 
 #endif
 
-/* s[r, h, g, j] = q[r, h, g, :] . k[r, h, j, :] */
-void ua_scores(const float *q, const uint16_t *k, float *s, long rows, long heads, long group, long keys,
-               long dim, long k_row, long k_head, long k_key, int threads) {
-    const long blocks = (keys + BLOCK - 1) / BLOCK;
-#pragma omp parallel for collapse(3) schedule(static) num_threads(threads)
-    for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++)
-            for (long b = 0; b < blocks; b++) {
-                const long end = (b + 1) * BLOCK < keys ? (b + 1) * BLOCK : keys;
-                scores_block(q + (r * heads + h) * group * dim, k + r * k_row + h * k_head,
-                             s + (r * heads + h) * group * keys, b * BLOCK, end, group, keys, dim, k_key);
-            }
+/* fp32 caches (every build): nothing to widen, so each key or value row is read where it lies, by plain
+ * loops the compiler vectorises for the build's instruction set. Same tasks and sums as the bf16 path. */
+static void scores_block_f32(const float *qh, const float *kh, float *sh, long start, long end, long group,
+                             long keys, long dim, long k_key) {
+    for (long j = start; j < end; j++) {
+        const float *kr = kh + j * k_key;
+        for (long g = 0; g < group; g++) {
+            const float *qg = qh + g * dim;
+            float acc[16] = {0};
+            for (long d = 0; d < dim; d += 16)
+                for (int l = 0; l < 16; l++) acc[l] += qg[d + l] * kr[d + l];
+            float sum = 0;
+            for (int l = 0; l < 16; l++) sum += acc[l];
+            sh[g * keys + j] = sum;
+        }
+    }
 }
 
-/* out[r, h, g, :] = sum_j p[r, h, g, j] * v[r, h, j, :] */
-void ua_weighted(const float *p, const uint16_t *v, float *out, long rows, long heads, long group, long keys,
-                 long dim, long v_row, long v_head, long v_key, int threads) {
-    const long chunks = (dim + 63) / 64; /* 64 dims a task: rows x heads alone can be too few tasks */
-#pragma omp parallel for collapse(3) schedule(static) num_threads(threads)
-    for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++)
-            for (long c = 0; c < chunks; c++) {
-                const long stop = (c + 1) * 64 < dim ? (c + 1) * 64 : dim;
-                weighted_dims(p + (r * heads + h) * group * keys, v + r * v_row + h * v_head,
-                              out + (r * heads + h) * group * dim, c * 64, stop, group, keys, dim, v_key);
-            }
+static void weighted_dims_f32(const float *ph, const float *vh, float *oh, long start, long stop, long group,
+                              long keys, long dim, long v_key) {
+    const long n = stop - start;
+    for (long g = 0; g < group; g++)
+        for (long d = 0; d < n; d++) oh[g * dim + start + d] = 0;
+    for (long j = 0; j < keys; j++) {
+        const float *vr = vh + j * v_key + start;
+        for (long g = 0; g < group; g++) {
+            const float w = ph[g * keys + j];
+            float *og = oh + g * dim + start;
+            for (long d = 0; d < n; d++) og[d] += w * vr[d];
+        }
+    }
 }
+
+/* The two products' task loops, once per cache element type T (SUFFIX: "" for bf16, _f32 for fp32). */
+#define PRODUCTS(SUFFIX, T, SCORES, WEIGHTED) \
+    /* s[r, h, g, j] = q[r, h, g, :] . k[r, h, j, :] */ \
+    void ua_scores##SUFFIX(const float *q, const T *k, float *s, long rows, long heads, long group, long keys, \
+                           long dim, long k_row, long k_head, long k_key, int threads) { \
+        const long blocks = (keys + BLOCK - 1) / BLOCK; \
+        _Pragma("omp parallel for collapse(3) schedule(static) num_threads(threads)") \
+        for (long r = 0; r < rows; r++) \
+            for (long h = 0; h < heads; h++) \
+                for (long b = 0; b < blocks; b++) { \
+                    const long end = (b + 1) * BLOCK < keys ? (b + 1) * BLOCK : keys; \
+                    SCORES(q + (r * heads + h) * group * dim, k + r * k_row + h * k_head, \
+                           s + (r * heads + h) * group * keys, b * BLOCK, end, group, keys, dim, k_key); \
+                } \
+    } \
+    /* out[r, h, g, :] = sum_j p[r, h, g, j] * v[r, h, j, :]; 64 dims a task (rows x heads can be too few) */ \
+    void ua_weighted##SUFFIX(const float *p, const T *v, float *out, long rows, long heads, long group, \
+                             long keys, long dim, long v_row, long v_head, long v_key, int threads) { \
+        const long chunks = (dim + 63) / 64; \
+        _Pragma("omp parallel for collapse(3) schedule(static) num_threads(threads)") \
+        for (long r = 0; r < rows; r++) \
+            for (long h = 0; h < heads; h++) \
+                for (long c = 0; c < chunks; c++) { \
+                    const long stop = (c + 1) * 64 < dim ? (c + 1) * 64 : dim; \
+                    WEIGHTED(p + (r * heads + h) * group * keys, v + r * v_row + h * v_head, \
+                             out + (r * heads + h) * group * dim, c * 64, stop, group, keys, dim, v_key); \
+                } \
+    }
+
+PRODUCTS(, uint16_t, scores_block, weighted_dims)
+PRODUCTS(_f32, float, scores_block_f32, weighted_dims_f32)

@@ -3,9 +3,12 @@
 torch has no CPU product of bf16 operands with an fp32 result, so `matmul_attention` copies each
 layer's bf16 keys and values to fp32 before its matmuls; at agent-sized contexts that copy, not the
 arithmetic, was the decode step (73 % of it at 8 rows x 4K keys). The C kernels widen each row as they
-read it. They are compiled with the first C compiler found (`$CC`, `cc`, `gcc`) for the widest
-instruction set the CPU reports (AVX-512, else AVX2, else none), cached per CPU and source, and only
-trusted once the attention probe's child has run them against its fp32 reference (`attention.py`).
+read it. fp32 caches get the same two products without the widening (`ua_scores_f32`,
+`ua_weighted_f32`): torch's single-query SDPA and batched matmuls read an fp32 cache well below the
+memory bandwidth on an AVX2-only CPU, and the probe times them against this one per dtype.
+They are compiled with the first C compiler found (`$CC`, `cc`, `gcc`) for the widest instruction set
+the CPU reports (AVX-512, else AVX2, else none), cached per CPU and source, and only trusted once the
+attention probe's child has run them against its fp32 reference (`attention.py`).
 No compiler: the kernel is not offered, and the probe picks among the others.
 """
 
@@ -90,7 +93,7 @@ def load(path: str) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(path)
     except OSError:
         return None
-    for fn in (lib.ua_scores, lib.ua_weighted):
+    for fn in (lib.ua_scores, lib.ua_weighted, lib.ua_scores_f32, lib.ua_weighted_f32):
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 8 + [ctypes.c_int]
         fn.restype = None
     lib.ua_prefill.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 18 + [ctypes.c_float, ctypes.c_int]
@@ -99,10 +102,11 @@ def load(path: str) -> ctypes.CDLL | None:
 
 
 def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether the kernel takes these operands: a bf16 CPU cache with contiguous head dims."""
+    """Whether the kernel takes these operands: a bf16 or fp32 CPU cache with contiguous head dims."""
     dim = query.shape[-1]
     return (
-        key.dtype == value.dtype == torch.bfloat16
+        key.dtype == value.dtype
+        and key.dtype in (torch.bfloat16, torch.float32)
         and key.device.type == "cpu"
         and key.stride(-1) == value.stride(-1) == 1
         and dim % 16 == 0
@@ -113,14 +117,16 @@ def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
 def scores(lib: ctypes.CDLL, q: torch.Tensor, key: torch.Tensor, out: torch.Tensor) -> None:
     """out[r, h, g, j] = q[r, h, g] . key[r, h, j]; q and out contiguous fp32, [rows, kv_heads, group, *]."""
     rows, heads, group, dim = q.shape
-    lib.ua_scores(q.data_ptr(), key.data_ptr(), out.data_ptr(), rows, heads, group, key.shape[2], dim,
+    fn = lib.ua_scores_f32 if key.dtype == torch.float32 else lib.ua_scores
+    fn(q.data_ptr(), key.data_ptr(), out.data_ptr(), rows, heads, group, key.shape[2], dim,
                   *key.stride()[:3], torch.get_num_threads())  # fmt: skip
 
 
 def weighted(lib: ctypes.CDLL, p: torch.Tensor, value: torch.Tensor, out: torch.Tensor) -> None:
     """out[r, h, g] = sum_j p[r, h, g, j] * value[r, h, j]; p and out contiguous fp32."""
     rows, heads, group, keys = p.shape
-    lib.ua_weighted(p.data_ptr(), value.data_ptr(), out.data_ptr(), rows, heads, group, keys, value.shape[-1],
+    fn = lib.ua_weighted_f32 if value.dtype == torch.float32 else lib.ua_weighted
+    fn(p.data_ptr(), value.data_ptr(), out.data_ptr(), rows, heads, group, keys, value.shape[-1],
                     *value.stride()[:3], torch.get_num_threads())  # fmt: skip
 
 
