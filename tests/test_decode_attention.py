@@ -136,30 +136,12 @@ def test_probe_off_keeps_sdpa(probe_cache: Path, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.slow
-async def test_engine_decode_is_the_same_with_either_kernel(smol_engine, smol_tokenizer, monkeypatch) -> None:
-    """The real engine (fp32, padded batches, prefix reuse) gives the same greedy tokens and logprobs
-    whichever kernel runs its decode steps."""
-    prompts = [chat_prompt(smol_tokenizer, q) for q in QUESTIONS[:3]]
-
-    async def run(kernel: str) -> list:
-        chosen = AttentionChoice(dict.fromkeys(("fp32", "bf16"), kernel))
-        monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
-        return await asyncio.gather(
-            *(smol_engine.generate(p, greedy(max_tokens=24), f"{kernel}-{i}") for i, p in enumerate(prompts))
-        )
-
-    with_sdpa, with_matmul = await run("sdpa"), await run("matmul")
-    for a, b in zip(with_sdpa, with_matmul, strict=True):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
-
-
-@pytest.mark.slow
-async def test_fp32_engine_decode_with_the_native_kernel_is_the_same(
+async def test_engine_decode_is_the_same_with_every_kernel(
     smol_engine, smol_tokenizer, native_lib, monkeypatch
 ) -> None:
-    """The real fp32 engine with the native kernel reading its fp32 cache in place: the same greedy tokens
-    as SDPA, logprobs within float noise."""
+    """The real engine (fp32, padded batches, prefix reuse) gives the same greedy tokens and logprobs
+    whichever kernel runs its decode steps: SDPA, the matmuls, or the native kernel reading the fp32
+    cache in place."""
     prompts = [chat_prompt(smol_tokenizer, q) for q in QUESTIONS[:3]]
     path = str(next(iter(native_lib.values()))._name)
 
@@ -167,13 +149,14 @@ async def test_fp32_engine_decode_with_the_native_kernel_is_the_same(
         chosen = AttentionChoice(dict.fromkeys(("fp32", "bf16"), kernel), native=path)
         monkeypatch.setattr(attention, "choice", lambda refresh=False: chosen)
         return await asyncio.gather(
-            *(smol_engine.generate(p, greedy(max_tokens=24), f"n{kernel}-{i}") for i, p in enumerate(prompts))
+            *(smol_engine.generate(p, greedy(max_tokens=24), f"{kernel}-{i}") for i, p in enumerate(prompts))
         )
 
-    with_sdpa, with_native = await run("sdpa"), await run("native")
-    for a, b in zip(with_sdpa, with_native, strict=True):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    with_sdpa = await run("sdpa")
+    for kernel in ("matmul", "native"):
+        for a, b in zip(with_sdpa, await run(kernel), strict=True):
+            assert a.token_ids == b.token_ids, kernel
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4, kernel
 
 
 @pytest.fixture
