@@ -171,9 +171,7 @@ def measure() -> dict[str, Any]:
             k, v = keys.to(dtype)[:, :, : s["keys"]], values.to(dtype)[:, :, : s["keys"]]
             row: dict[str, Any] = {}
             for kernel, fn in kernels.items():
-                err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
-                args = (q, k, v, mask, scale)
-                row[kernel] = {"us": timed_us(lambda fn=fn, args=args: fn(*args)), "max_err": err}
+                row[kernel] = _trial(fn, (q, k, v, mask, scale), reference)
             if name == "bf16":  # the builds are raced on bf16 caches (the widening is what they differ in)
                 out["native"] = native = _native_builds(q, k, v, mask, scale, reference)
                 if "path" in native:
@@ -183,11 +181,15 @@ def measure() -> dict[str, Any]:
             out[name] = row
         lib = attention_native.load(out["native"]["path"]) if "path" in out["native"] else None
         if lib is not None:  # the fastest build's fp32 products, on the fp32 operands
-            fn = functools.partial(matmul_attention, native=lib)
             args = (query, keys[:, :, : s["keys"]], values[:, :, : s["keys"]], mask, scale)
-            err = float((fn(*args) - reference).abs().max())
-            out["fp32"]["native"] = {"us": timed_us(lambda: fn(*args)), "max_err": err}
+            out["fp32"]["native"] = _trial(functools.partial(matmul_attention, native=lib), args, reference)
     return out
+
+
+def _trial(fn: Any, args: tuple, reference: torch.Tensor) -> dict[str, float]:
+    """One kernel on the probe's operands: its time and its largest error against the fp32 reference."""
+    err = float((fn(*args).float() - reference).abs().max())
+    return {"us": timed_us(lambda: fn(*args)), "max_err": err}
 
 
 def _prefill_row(lib: Any, gen: torch.Generator) -> dict[str, Any]:

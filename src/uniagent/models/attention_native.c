@@ -22,6 +22,24 @@
 #include <stdint.h>
 
 #define BLOCK 256 /* keys a task takes in the scores product: rows x heads alone is too few tasks */
+#define LANES 16
+
+/* sh[g * keys] = qh[g] . kr for every group g over one fp32 key row, each dot product in LANES partial sums:
+ * the plain scores loop the compiler vectorises, for fp32 caches in every build and bf16 ones (widened
+ * first) without AVX-512. The weighted sums keep a loop each: a shared row helper ran the bf16 one 1.2x
+ * slower on an AVX2 EPYC. */
+static inline __attribute__((always_inline)) void score_row(const float *restrict qh, const float *restrict kr,
+                                                            float *restrict sh, long group, long keys, long dim) {
+    for (long g = 0; g < group; g++) {
+        const float *qg = qh + g * dim;
+        float acc[LANES] = {0};
+        for (long d = 0; d < dim; d += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += qg[d + l] * kr[d + l];
+        float sum = 0;
+        for (int l = 0; l < LANES; l++) sum += acc[l];
+        sh[g * keys] = sum;
+    }
+}
 
 #if defined(__AVX512F__)
 #include "attention_native.h"
@@ -133,8 +151,6 @@ static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long s
 
 #else /* plain loops: widen a row to fp32, then sum over it */
 
-#define LANES 16
-
 static inline float widen(uint16_t x) {
     union { uint32_t u; float f; } v;
     v.u = (uint32_t)x << 16;
@@ -147,15 +163,7 @@ static void scores_block(const float *qh, const uint16_t *kh, float *sh, long st
     for (long j = start; j < end; j++) {
         const uint16_t *kr = kh + j * k_key;
         for (long d = 0; d < dim; d++) kf[d] = widen(kr[d]);
-        for (long g = 0; g < group; g++) {
-            const float *qg = qh + g * dim;
-            float acc[LANES] = {0};
-            for (long d = 0; d < dim; d += LANES)
-                for (int l = 0; l < LANES; l++) acc[l] += qg[d + l] * kf[d + l];
-            float sum = 0;
-            for (int l = 0; l < LANES; l++) sum += acc[l];
-            sh[g * keys + j] = sum;
-        }
+        score_row(qh, kf, sh + j, group, keys, dim);
     }
 }
 
@@ -178,22 +186,10 @@ static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long s
 
 #endif
 
-/* fp32 caches (every build): nothing to widen, so each key or value row is read where it lies, by plain
- * loops the compiler vectorises for the build's instruction set. Same tasks and sums as the bf16 path. */
+/* fp32 caches (every build): nothing to widen, so each key or value row is read where it lies. */
 static void scores_block_f32(const float *qh, const float *kh, float *sh, long start, long end, long group,
                              long keys, long dim, long k_key) {
-    for (long j = start; j < end; j++) {
-        const float *kr = kh + j * k_key;
-        for (long g = 0; g < group; g++) {
-            const float *qg = qh + g * dim;
-            float acc[16] = {0};
-            for (long d = 0; d < dim; d += 16)
-                for (int l = 0; l < 16; l++) acc[l] += qg[d + l] * kr[d + l];
-            float sum = 0;
-            for (int l = 0; l < 16; l++) sum += acc[l];
-            sh[g * keys + j] = sum;
-        }
-    }
+    for (long j = start; j < end; j++) score_row(qh, kh + j * k_key, sh + j, group, keys, dim);
 }
 
 static void weighted_dims_f32(const float *ph, const float *vh, float *oh, long start, long stop, long group,
