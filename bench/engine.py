@@ -10,8 +10,10 @@ earlier repeat) and every engine the same repeat's text. The engines (engine_pee
 product picks on this machine and says why), ``llama_server`` (the packaged GGUF re-written at the same
 precision, engine_gguf.py; OpenMP threads spinning like torch's), ``hf_generate`` (batched per turn),
 and the labelled extra ``llama_server_q4_1`` (the packaged 4-bit file); opt-in: ``llama_server_passive``,
-``local_no_reuse``, ``local_old``. Each engine is started, warmed up (every episode at once), run
-`--repeats` times, and stopped before the next starts, so only one engine's threads exist at a time.
+``local_no_reuse``, ``local_old``. Repeats interleave the engines (forwards, then backwards): in each,
+every engine is started afresh, warmed up (every episode at once, on text no repeat times), runs that
+repeat's workload and prefill prompts, and is stopped before the next starts. So only one engine's
+threads exist at a time, and a machine that drifts during the run moves every engine alike.
 
 Figures per engine (median and spread over repeats; null when an episode came short of its tokens):
 ``aggregate_tokens_per_s`` (all tokens / wall time), ``prefill_mfu`` (useful prefill FLOPs of the prompt
@@ -37,13 +39,14 @@ import logging
 import os
 import statistics
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from common import emit, spread
 from engine_peers import LLAMA, Side, open_side
-from engine_prefill import prefill_figures, prefill_flops
+from engine_prefill import prefill_flops, prefill_repeat, prefill_summary
 from engine_short import short_section
 from engine_workload import Result, Workload, build_workload, drive, warm_up
 from roofline import bandwidth_util, ceiling, mfu, peaks
@@ -90,59 +93,67 @@ def peak_dtype(precision: str) -> str:
     return precision if precision in ("float32", "bfloat16") else "bfloat16"
 
 
-async def run_engine(
-    name: str, args: argparse.Namespace, works: list[Workload], env: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Start `name`, warm it up, run every workload, its prefill figure, stop it; emit its lines.
-    `env`: source, codec, config, peak, context."""
+@dataclass
+class Runs:
+    """One engine's figures, a repeat at a time."""
+
+    rows: dict[str, list[float]] = field(
+        default_factory=lambda: {"rate": [], "prefill_mfu": [], "decode_bw": []}
+    )
+    results: list[Result] = field(default_factory=list)
+    prefill: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def run_repeat(name: str, args: argparse.Namespace, work: Workload, seed: int, env: dict[str, Any],
+                     runs: Runs, ctx: int) -> None:  # fmt: skip
+    """Start `name`, warm it up, run one repeat's workload and its prefill figure, stop it; add the
+    figures to `runs`. `env`: source, codec, config, peak, context."""
     config, peak = env["config"], env["peak"]
-    longest = max(len(w.first[0]) + sum(len(o) for o in w.observations[0]) for w in works) + 64
-    ctx = max(longest + args.new_tokens * (args.turns + 1), int(4096 * args.prefill_scale) + 64)
-    if name in LLAMA and not env["source"].gguf_file:
-        emit(BENCH, "skipped", None, None, engine=name, reason="llama-server needs a GGUF model")
-        return None
-    rows: dict[str, list[float]] = {"rate": [], "prefill_mfu": [], "decode_bw": []}
-    results: list[Result] = []
     async with open_side(name, args, env["source"], slots=max(args.episodes, 4), ctx=ctx) as side:
         side.group[0] = args.episodes
-        await warm_up(side.generate, works[0])
-        for work in works:
-            side.group[0] = args.episodes
-            side.reset()
-            before = side.stats() if side.stats else {}
-            result = await drive(side.generate, work, side.streams)
-            after = side.stats() if side.stats else {}
-            results.append(result)
-            rows["rate"].append(result.tokens / result.wall_s)
-            split = time_split(side, work)
-            if split is not None:
-                counted = after.get("prefill_tokens", 0) - before.get("prefill_tokens", 0) or None
-                flops = run_prefill_flops(side, config, result, counted)
-                rows["prefill_mfu"].append(mfu(flops, split[0], peak_dtype(side.precision), peak) or 0.0)
-                rows["decode_bw"].append(bandwidth_util(side.weight_bytes * split[2], split[1], peak) or 0.0)
-            log.info("%s %s: %.2f tokens/s %s", name, work.tag, rows["rate"][-1], result.short or "")
-        prefill = None
+        await warm_up(side.generate, env["warm"])
+        side.group[0] = args.episodes
+        side.reset()
+        before = side.stats() if side.stats else {}
+        result = await drive(side.generate, work, side.streams)
+        after = side.stats() if side.stats else {}
+        runs.results.append(result)
+        runs.rows["rate"].append(result.tokens / result.wall_s)
+        split = time_split(side, work)
+        if split is not None:
+            counted = after.get("prefill_tokens", 0) - before.get("prefill_tokens", 0) or None
+            flops = run_prefill_flops(side, config, result, counted)
+            runs.rows["prefill_mfu"].append(mfu(flops, split[0], peak_dtype(side.precision), peak) or 0.0)
+            runs.rows["decode_bw"].append(bandwidth_util(side.weight_bytes * split[2], split[1], peak) or 0.0)
+        log.info("%s %s: %.2f tokens/s %s", name, work.tag, runs.rows["rate"][-1], result.short or "")
         if not args.no_prefill:
-            scale = args.prefill_scale
-            prefill = await prefill_figures(side, env["codec"], config, args.repeats, scale, peak)
+            runs.prefill.append(
+                await prefill_repeat(side, env["codec"], config, seed, args.prefill_scale, peak)
+            )
         counters = {k: v - before.get(k, 0) for k, v in after.items() if k != "max_rows"}  # the last repeat
-        extra = {"precision": side.precision, "weight_bytes": side.weight_bytes, "last_repeat": counters}
+        runs.extra = {"precision": side.precision, "weight_bytes": side.weight_bytes, "last_repeat": counters}
     if name.startswith("llama_server"):
-        extra["omp_wait"] = "passive" if name == "llama_server_passive" else "spin (OpenMP default, as torch)"
-    complete = all(r.complete for r in results)
-    report(name, rows, results, prefill, {**extra, **env["context"]}, args.turns)
-    return {"rates": rows["rate"], "complete": complete, "prefill": prefill}
+        runs.extra["omp_wait"] = (
+            "passive" if name == "llama_server_passive" else "spin (OpenMP default, as torch)"
+        )
 
 
-def report(
-    name: str,
-    rows: dict[str, list[float]],
-    results: list[Result],
-    prefill: dict[str, Any] | None,
-    context: dict[str, Any],
-    turns: int,
-) -> None:
-    """One engine's lines: the aggregate gated on every episode making its tokens, then the rest."""
+def engine_order(engines: list[str], repeat: int) -> list[str]:
+    """Every repeat runs each engine once, forwards on even repeats and backwards on odd ones, so a
+    machine that drifts over the run (other work, heat) shifts every engine alike instead of landing
+    in the ratios; each engine is started afresh and stopped before the next starts."""
+    return list(engines) if repeat % 2 == 0 else list(reversed(engines))
+
+
+def report(name: str, runs: Runs, args: argparse.Namespace, context: dict[str, Any]) -> dict[str, Any]:
+    """One engine's lines: the aggregate gated on every episode making its tokens, then the rest; what
+    the goals need."""
+    rows, results, turns = runs.rows, runs.results, args.turns
+    context = {**runs.extra, **context}
+    prefill = (
+        prefill_summary(runs.prefill, context["precision"], args.prefill_scale) if runs.prefill else None
+    )
     complete = all(r.complete for r in results)
     rate = spread(rows["rate"], 2)
     short = [s for r in results for s in r.short][:8]
@@ -166,6 +177,7 @@ def report(
     for figure, found in (prefill or {}).items():
         rate = found["tokens_per_s"]["median"]
         emit(BENCH, figure, rate, "tokens/s", engine=name, precision=precision, **found)
+    return {"rates": rows["rate"], "complete": complete, "prefill": prefill}
 
 
 def goals(got: dict[str, dict[str, Any]], args: argparse.Namespace, context: dict[str, Any]) -> list[str]:
@@ -221,26 +233,32 @@ async def agent_section(args: argparse.Namespace) -> int:
         "episodes": args.episodes, "turns": args.turns, "new_tokens": args.new_tokens, "dtype": args.dtype,
         "dtype_why": args.dtype_why,
         "prompt_tokens_first": lengths[0], "prompt_tokens_last": lengths[-1], "repeats": args.repeats,
+        "engine_order": "interleaved per repeat, forwards then backwards (fresh start each)",
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": args.device,
         "load_avg_at_start": round(os.getloadavg()[0], 2), "peak_bf16_gflops": ceiling(peak, "bf16"),
         "peak_fp32_gflops": peak.get("fp32_gflops"), "peak_memory_gbps": peak.get("memory_gbps"),
     }  # fmt: skip
-    env = {"source": source, "codec": codec, "config": config, "peak": peak, "context": context}
+    warm = build_workload(codec, *sizes, seed=-1)  # text no timed repeat sends
+    env = {"source": source, "codec": codec, "config": config, "peak": peak, "context": context, "warm": warm}
     log.info("agent workload: %s", context)
-    got: dict[str, dict[str, Any]] = {}
-    incomplete = False
-    for name in args.engines:
-        log.info("running %s", name)
-        try:
-            found = await run_engine(name, args, works, env)
-        except Exception as exc:  # one engine failing to start is a line, not a lost run
-            if name not in LLAMA:
-                raise
-            emit(BENCH, "skipped", None, None, engine=name, reason=str(exc).splitlines()[0][:300])
-            continue
-        if found:
-            got[name] = found
-            incomplete |= not found["complete"]
+    longest = max(len(w.first[0]) + sum(len(o) for o in w.observations[0]) for w in works) + 64
+    ctx = max(longest + args.new_tokens * (args.turns + 1), int(4096 * args.prefill_scale) + 64)
+    engines = [e for e in args.engines if not (e in LLAMA and not source.gguf_file)]
+    for name in sorted(set(args.engines) - set(engines)):
+        emit(BENCH, "skipped", None, None, engine=name, reason="llama-server needs a GGUF model")
+    runs = {name: Runs() for name in engines}
+    for r, work in enumerate(works):
+        for name in engine_order([e for e in engines if e in runs], r):
+            log.info("repeat %d: running %s", r + 1, name)
+            try:
+                await run_repeat(name, args, work, r, env, runs[name], ctx)
+            except Exception as exc:  # one engine failing to start is a line, not a lost run
+                if name not in LLAMA:
+                    raise
+                emit(BENCH, "skipped", None, None, engine=name, reason=str(exc).splitlines()[0][:300])
+                del runs[name]
+    got = {name: report(name, found, args, context) for name, found in runs.items()}
+    incomplete = not all(found["complete"] for found in got.values())
     missed = goals(got, args, context)
     if incomplete:
         missed.append("an episode came short of its tokens")

@@ -52,27 +52,36 @@ async def timed(side: Side, batch: list[list[int]], tag: str) -> float:
     return spent
 
 
-async def prefill_figures(
-    side: Side, codec: ChatCodec, config: Any, repeats: int, scale: float, peak: dict[str, Any]
-) -> dict[str, dict[str, Any]]:
-    """Per shape: tokens/s (median and spread over `repeats`), MFU against the engine's own dtype peak
-    and against the bf16 peak (issue 28's goal). `scale` shrinks the prompts (smoke tests)."""
-    out: dict[str, dict[str, Any]] = {}
+async def prefill_repeat(
+    side: Side, codec: ChatCodec, config: Any, seed: int, scale: float, peak: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """One repeat of every shape on a freshly started engine: a warm-up on other text, then the timed
+    prompts of repeat `seed`. Per shape: tokens/s, MFU against the engine's own dtype peak and against
+    the bf16 peak (issue 28's goal). `scale` shrinks the prompts (smoke tests)."""
+    out: dict[str, dict[str, float]] = {}
     for figure, count, full in SHAPES:
         tokens = max(16, int(full * scale))
-        await timed(side, prompts(codec, count, tokens, seed=-1), f"{figure}-warm")
-        rates, mfus, mfus_bf16 = [], [], []
+        await timed(side, prompts(codec, count, tokens, seed=-1 - seed), f"{figure}-warm")
         flops = count * prefill_flops(config, tokens, context=tokens / 2)
-        for r in range(repeats):
-            spent = await timed(side, prompts(codec, count, tokens, seed=r), f"{figure}-{r}")
-            rates.append(count * tokens / spent)
-            mfus.append(mfu(flops, spent, side.precision, peak) or 0.0)
-            mfus_bf16.append(mfu(flops, spent, "bfloat16", peak) or 0.0)
+        spent = await timed(side, prompts(codec, count, tokens, seed=seed), f"{figure}-{seed}")
         out[figure] = {
-            "tokens_per_s": spread(rates, 1),
-            "mfu": spread(mfus, 4) if side.precision != "q4_1" else None,
-            "mfu_of_bf16_peak": spread(mfus_bf16, 4),
+            "rate": count * tokens / spent,
+            "mfu": mfu(flops, spent, side.precision, peak) or 0.0,
+            "mfu_bf16": mfu(flops, spent, "bfloat16", peak) or 0.0,
+        }
+    return out
+
+
+def prefill_summary(runs: list[dict[str, dict[str, float]]], precision: str, scale: float) -> dict[str, Any]:
+    """Median and spread over the repeats of `prefill_repeat`, per shape."""
+    out: dict[str, dict[str, Any]] = {}
+    for figure, count, full in SHAPES:
+        got = [run[figure] for run in runs]
+        out[figure] = {
+            "tokens_per_s": spread([g["rate"] for g in got], 1),
+            "mfu": spread([g["mfu"] for g in got], 4) if precision != "q4_1" else None,
+            "mfu_of_bf16_peak": spread([g["mfu_bf16"] for g in got], 4),
             "prompts": count,
-            "prompt_tokens": tokens,
+            "prompt_tokens": max(16, int(full * scale)),
         }
     return out
