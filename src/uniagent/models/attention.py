@@ -186,9 +186,18 @@ def measure() -> dict[str, Any]:
     return out
 
 
-def _trial(fn: Any, args: tuple, reference: torch.Tensor) -> dict[str, float]:
-    """One kernel on the probe's operands: its time and its largest error against the fp32 reference."""
-    err = float((fn(*args).float() - reference).abs().max())
+def _trial(
+    fn: Any, args: tuple, reference: torch.Tensor, tolerance: float | None = None
+) -> dict[str, float] | None:
+    """One kernel on the probe's operands: its time and its largest error against the fp32 reference.
+    None where it is not timed: the kernel returned None (a build without it), or it is off by more
+    than `tolerance` (given where only kernels that agree may be raced)."""
+    got = fn(*args)
+    if got is None:
+        return None
+    err = float((got.float() - reference).abs().max())
+    if tolerance is not None and err > tolerance:
+        return None
     return {"us": timed_us(lambda: fn(*args)), "max_err": err}
 
 
@@ -207,14 +216,8 @@ def _prefill_row(lib: Any, gen: torch.Generator) -> dict[str, Any]:
         "sdpa": lambda: _sdpa(q, k, v, mask, scale).transpose(1, 2),
         "native": lambda: attention_native.prefill(lib, q, k, v, mask, False, scale),
     }
-    row: dict[str, Any] = {}
-    for kernel, fn in kernels.items():
-        got = fn()
-        if got is None:
-            continue  # this build has no prefill kernel (AVX-512 only)
-        err = float((got.float() - reference.transpose(1, 2)).abs().max())
-        row[kernel] = {"us": timed_us(fn), "max_err": err}
-    return row
+    trials = {kernel: _trial(fn, (), reference.transpose(1, 2)) for kernel, fn in kernels.items()}
+    return {kernel: got for kernel, got in trials.items() if got}  # no native: a build without it
 
 
 def _native_builds(
@@ -233,9 +236,9 @@ def _native_builds(
         if lib is None:
             continue
         fn = functools.partial(matmul_attention, native=lib)
-        err = float((fn(q, k, v, mask, scale).float() - reference).abs().max())
-        if err <= _TOLERANCE["bf16"]:
-            timed[name] = (timed_us(lambda fn=fn: fn(q, k, v, mask, scale)), str(path), err)
+        got = _trial(fn, (q, k, v, mask, scale), reference, _TOLERANCE["bf16"])
+        if got:
+            timed[name] = (got["us"], str(path), got["max_err"])
     if not timed:
         return {"why": why or "no build agreed with the reference"}
     best = min(timed, key=lambda name: timed[name][0])
