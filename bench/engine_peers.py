@@ -32,6 +32,7 @@ import torch
 
 from engine_gguf import gguf_for
 from engine_workload import ForwardClock, Generate
+from uniagent.cpu import release_openmp_team
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.loading import load_causal_lm
 from uniagent.models.local import LocalEngine
@@ -87,7 +88,10 @@ async def open_side(name: str, args: Any, source: Any, slots: int, ctx: int) -> 
         async with _llama(name, args, slots, ctx) as side:
             yield side
     elif name == "hf_generate":
-        yield _hf(args, source)
+        try:
+            yield _hf(args, source)
+        finally:  # its forwards ran on this thread: their threads would throttle the next engine's
+            release_openmp_team()
     else:
         raise SystemExit(f"unknown engine {name!r}; one of {', '.join((*LOCAL, *LLAMA, 'hf_generate'))}")
 

@@ -114,6 +114,7 @@ def measure(seconds: float = 0.5) -> dict[str, Any]:
             continue
         out[f"{dtype}_gflops"], out[f"{dtype}_shape"] = round(rate, 1), shape
     out["memory_gbps"] = round(memory_gbps(seconds), 2)
+    cpu.release_openmp_team()  # a bench's engine runs next, in other threads (uniagent.cpu)
     return out
 
 

@@ -70,3 +70,37 @@ def test_doctor_reports_what_was_chosen(cache: Path) -> None:
     assert "llama-server build" in rows
     assert rows["model.dtype auto"].detail.split()[0] in ("bfloat16", "float32")  # with the measured ratio
     assert "fp32 here" in rows["model.dtype auto"].detail
+
+
+def test_a_thread_lets_its_openmp_threads_go() -> None:
+    """`release_openmp_team` ends the helper threads a thread's parallel torch work started (libgomp,
+    the runtime torch ships here), and they come back with the next parallel op."""
+    import threading
+    import time
+
+    import torch
+
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    counts: dict[str, object] = {}
+
+    def work() -> None:
+        a = torch.randn(512, 512)
+        _ = a @ a  # a parallel region: this thread's team is started
+        counts["busy"] = tasks()
+        counts["released"] = cpu.release_openmp_team()
+        deadline = time.monotonic() + 5
+        while tasks() >= counts["busy"] and time.monotonic() < deadline:  # helpers exit asynchronously
+            time.sleep(0.01)
+        counts["idle"] = tasks()
+        _ = a @ a
+        counts["again"] = tasks()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert counts["released"] is True
+    helpers = torch.get_num_threads() - 1
+    assert counts["busy"] - counts["idle"] == helpers  # type: ignore[operator]
+    assert counts["again"] == counts["busy"]

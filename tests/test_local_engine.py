@@ -165,6 +165,20 @@ async def test_cancelled_request_does_not_break_the_worker(smol_engine, prompts)
     assert stats.decode_steps - before.decode_steps < 64  # the cancelled row was dropped, not run out
 
 
+async def test_an_idle_engine_lets_its_openmp_threads_go(smol_engine, prompts, monkeypatch):
+    """Between requests the worker hands back its OpenMP threads, so an update thread (a trainer's) does
+    not run throttled beside them (uniagent.cpu.release_openmp_team)."""
+    import uniagent.models.local as local
+
+    calls: list[str] = []
+    monkeypatch.setattr(local, "release_openmp_team", lambda: calls.append("released") or True)
+    await smol_engine.generate(prompts[0], greedy(2, stop=[]), "then-idle")
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert calls  # the worker, now idle, let them go before it blocked
+
+
 async def test_bad_requests_are_refused_up_front(smol_engine):
     with pytest.raises(EngineError, match="empty prompt"):
         await smol_engine.generate([], greedy(), "empty")

@@ -247,8 +247,13 @@ def test_untrainable_episodes_are_excluded(trainer, monkeypatch) -> None:
     assert seen == [good]
 
 
-def test_update_is_seen_by_the_next_generation(trainer) -> None:
-    """The engine serves the trainer's parameters: one optimizer step changes its logprobs."""
+def test_update_is_seen_by_the_next_generation(trainer, monkeypatch) -> None:
+    """The engine serves the trainer's parameters: one optimizer step changes its logprobs. The update
+    hands back its OpenMP threads when done (they would throttle the engine's; uniagent.cpu)."""
+    import uniagent.train.local as train_local
+
+    released: list[bool] = []
+    monkeypatch.setattr(train_local, "release_openmp_team", lambda: released.append(True) or True)
     assert trainer.engine.model is trainer.policy
     prompt = trainer.codec.prompt_ids(
         ToyTask.from_row({"id": "x", "question": "What is 2 + 3?", "answer": 5}).messages()
@@ -272,6 +277,7 @@ def test_update_is_seen_by_the_next_generation(trainer) -> None:
             Sample(task, "g", _episode(other, 1.0, ExitReason.FINISHED)),
         ]
     )
+    assert released == [True]
     after = asyncio.run(gen())
     assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(
         before.logprobs[0]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from uniagent.cpu import release_openmp_team
 from uniagent.errors import EngineError
 from uniagent.models.base import Generation, SamplingParams
 from uniagent.models.kv import use_gqa_attention
@@ -408,6 +409,8 @@ class LocalEngine:
         """Pop the requests that fit next to `batch`; block while idle. `None` means: shut down."""
         with self._cond:
             if batch is None:
+                if not self._pending and not self._closing and not self._updates:
+                    release_openmp_team()  # idle: its threads would slow another team (uniagent.cpu)
                 while not self._pending and not self._closing and not self._updates:
                     self._cond.wait()
                 if not self._closing and not self._updates and self.batch_wait_s > 0:

@@ -71,6 +71,7 @@ from typing import Any
 import torch
 
 from uniagent.agent.result import check_infra_failures
+from uniagent.cpu import release_openmp_team
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.models.linear import pack_linears
 from uniagent.models.precision import resolve as resolve_precision
@@ -178,6 +179,9 @@ class LocalTrainer:
         # step would give each its own malloc arena and OpenMP team (memory fragmentation, slower
         # kernels on few cores).
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        # Loading and laying out weights ran parallel torch work on this thread; from here on the
+        # engine's and the update's threads run it, and a third idle team would throttle both.
+        release_openmp_team()
 
     # ------------------------------------------------------------------------------- rollout
 
@@ -275,7 +279,10 @@ class LocalTrainer:
         """One optimizer step on the trainable samples (train/update.py); returns loss metrics."""
         from uniagent.train.update import policy_update
 
-        return policy_update(self, samples)
+        try:
+            return policy_update(self, samples)
+        finally:  # the update's threads would slow the engine's team until the next one (uniagent.cpu)
+            release_openmp_team()
 
     def task_by_id(self, instance_id: str) -> Task:
         for task in self.tasks:
