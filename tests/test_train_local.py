@@ -251,7 +251,11 @@ def test_update_is_seen_by_the_next_generation(trainer, monkeypatch) -> None:
     """The engine serves the trainer's parameters: one optimizer step changes its logprobs. The update
     hands back its OpenMP threads when done (they would throttle the engine's; uniagent.cpu)."""
     import uniagent.train.local as train_local
+    from uniagent.models import linear
 
+    # the shared policy's linears take the laid-out product where the probe picked it for fp32
+    layers = [m for m in trainer.policy.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(isinstance(m, linear.PackedLinear) for m in layers) == linear.choice(torch.float32).packed
     released: list[bool] = []
     monkeypatch.setattr(train_local, "release_openmp_team", lambda: released.append(True) or True)
     assert trainer.engine.model is trainer.policy
@@ -279,6 +283,9 @@ def test_update_is_seen_by_the_next_generation(trainer, monkeypatch) -> None:
     )
     assert released == [True]
     after = asyncio.run(gen())
+    for layer in layers:  # the optimizer wrote every weight; the engine laid each out again
+        if isinstance(layer, linear.PackedLinear):
+            assert layer._packed_key == (layer.weight._version, layer.weight.data_ptr())
     assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(
         before.logprobs[0]
     )

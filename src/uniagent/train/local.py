@@ -168,8 +168,11 @@ class LocalTrainer:
         # A bf16 engine serves a bf16 copy in either mode, refreshed after each update.
         self.shared = cfg.trainer.mode == "sync" and not self.precision.mixed
         served = self.policy if self.shared else served_copy(self.policy, self.precision)
-        if not self.shared:
-            pack_linears(served)  # the engine's own copy: bf16 weights laid out once (models/linear.py)
+        # The engine's products take weights laid out once where the probe picked it for their dtype
+        # (models/linear.py), the shared policy's too: an optimizer step writes a weight in place and
+        # the engine lays it out again on its next call, while autograd keeps torch's own product, so
+        # the update's forward and backward are unchanged.
+        pack_linears(served)
         self.engine = LocalEngine.from_model(
             served, max_batch_size=cfg.model.max_batch_size, version=self.step, threads=self.engine_threads
         )
