@@ -367,8 +367,10 @@ class LocalEngine:
 
         libgomp throttles its spin-waits once more than one thread owns an OpenMP team on a machine
         with few cores; a model loaded in one thread and run in another then decodes ~1.5x slower on
-        CPU. Keeping load and decode in this thread avoids creating that second team. `threads` caps
-        this thread's torch threads (a trainer updating on the other cores sets it).
+        CPU. Keeping load and decode in this thread avoids creating that second team, and the worker
+        hands its team back whenever it goes idle, so a trainer's update thread runs unthrottled
+        (`uniagent.cpu.release_openmp_team`). `threads` caps this thread's torch threads (a trainer
+        updating on the other cores sets it).
         """
         if self._threads:
             torch.set_num_threads(self._threads)
