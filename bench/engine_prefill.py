@@ -52,6 +52,11 @@ async def timed(side: Side, batch: list[list[int]], tag: str) -> float:
     return spent
 
 
+def prompt_tokens(full: int, scale: float) -> int:
+    """A shape's prompt size at `scale` (smoke tests shrink it, never below 16 tokens)."""
+    return max(16, int(full * scale))
+
+
 async def prefill_repeat(
     side: Side, codec: ChatCodec, config: Any, seed: int, scale: float, peak: dict[str, Any]
 ) -> dict[str, dict[str, float]]:
@@ -60,7 +65,7 @@ async def prefill_repeat(
     the bf16 peak (issue 28's goal). `scale` shrinks the prompts (smoke tests)."""
     out: dict[str, dict[str, float]] = {}
     for figure, count, full in SHAPES:
-        tokens = max(16, int(full * scale))
+        tokens = prompt_tokens(full, scale)
         await timed(side, prompts(codec, count, tokens, seed=-1 - seed), f"{figure}-warm")
         flops = count * prefill_flops(config, tokens, context=tokens / 2)
         spent = await timed(side, prompts(codec, count, tokens, seed=seed), f"{figure}-{seed}")
@@ -82,6 +87,6 @@ def prefill_summary(runs: list[dict[str, dict[str, float]]], precision: str, sca
             "mfu": spread([g["mfu"] for g in got], 4) if precision != "q4_1" else None,
             "mfu_of_bf16_peak": spread([g["mfu_bf16"] for g in got], 4),
             "prompts": count,
-            "prompt_tokens": max(16, int(full * scale)),
+            "prompt_tokens": prompt_tokens(full, scale),
         }
     return out
