@@ -201,8 +201,9 @@ def test_native_kernel_equals_sdpa_on_a_strided_bf16_cache_with_either_mask(nati
     [(2, 2, 16), (8, 4, 48), (9, 3, 64), (28, 4, 128), (32, 2, 80), (40, 4, 144)],
 )
 def test_native_products_equal_fp64_for_every_group_and_dim_tile(native_lib, q_heads, kv_heads, dim) -> None:
-    """The AVX-512 build tiles groups (1 to 8 at a time, 16/G keys each) and dims (64, then 16 at a time):
-    group sizes 1, 2, 3, 7, 16 and 10, dims 16 to 144, and key counts that leave part tiles."""
+    """The AVX-512 build tiles groups (1 to 8 at a time, 16/G keys each) and dims (64, then 16 at a time),
+    the AVX2 build keys (8 at a time), groups (3) and dims (32, then 8): group sizes 1, 2, 3, 7, 16 and 10,
+    dims 16 to 144, and key counts that leave part tiles."""
     gen = torch.Generator().manual_seed(dim)
     group = q_heads // kv_heads
     for keys in (1, 7, 301):
@@ -303,7 +304,9 @@ async def test_bf16_engine_decode_with_the_native_kernel_matches_the_matmul_kern
     from uniagent.models.local import LocalEngine
 
     prompts = [chat_prompt(smol_tokenizer, q) for q in QUESTIONS[:3]]
-    engine = LocalEngine(dtype="bfloat16")
+    # no kept prefixes: each run computes its prompts itself (a prompt kept by the first run would reach
+    # the second as one last token, run by the decode kernel under test instead of the prefill one)
+    engine = LocalEngine(dtype="bfloat16", prefix_cache_bytes=0)
     path = str(next(iter(native_lib.values()))._name)
     try:
 
