@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from engine_helpers import QUESTIONS, chat_prompt, greedy
 from uniagent import cpu, doctor
-from uniagent.models import linear
+from uniagent.models import attention_native, linear
 from uniagent.models.linear import LinearChoice, PackedLinear, pack_linears, packed_bytes
 
 # the tests that force packing need a CPU whose oneDNN lays out bf16 weights; elsewhere the probe's refusal
@@ -111,10 +113,97 @@ def test_the_fp32_probe_measures_the_gap_and_the_doctor_says_it(probe_cache: Pat
     assert not found.why and found.measured["equal"] is True
     assert 0 <= found.measured["max_rel_diff"] <= linear.TOLERANCE[torch.float32]
     assert found.packed == (found.measured["plain_us"] >= linear.MIN_SPEEDUP * found.measured["packed_us"])
-    assert list((probe_cache / "cpu").glob(f"linear-fp32-{cpu.cpu_id()}-*.json"))
+    assert list((probe_cache / "cpu").glob(f"linear-fp32-*-{cpu.cpu_id()}-*.json"))
     rows = {c.name: c for c in doctor.cpu_checks()}
     assert rows["fp32 linear"].detail == found.describe()
     assert "within" in found.describe() or "bitwise" in found.describe()
+    # the native product for a decode step's rows: built, checked against float64, timed against packed
+    m = found.measured
+    if attention_native.compiler() is not None or os.environ.get("CI") == "true":
+        assert "native_us" in m, m.get("native_why")
+        assert 0 <= m["native_rel_diff"] <= linear.TOLERANCE[torch.float32]
+        faster = m["native_packed_us"] >= linear.MIN_SPEEDUP * m["native_us"]
+        assert bool(found.native) == (found.packed and faster)
+        assert ("not native" in found.describe()) != bool(found.native)
+
+
+def _native_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("UNIAGENT_CACHE", str(tmp_path))
+    if attention_native.compiler() is None and os.environ.get("CI") != "true":
+        pytest.skip("no C compiler")  # under CI a missing compiler fails below
+    path, why = attention_native.build(*attention_native.variants()[0])
+    assert path is not None, why
+    return str(path)
+
+
+def test_the_native_fp32_product_takes_a_decode_steps_rows_within_float_noise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to NATIVE_ROWS rows (any leading shape, strided input, with and without bias) the native product
+    runs and agrees with float64 to float noise; a prefill's rows take the laid-out product; a cleared
+    cache falls back to it instead of failing; autograd keeps torch's product."""
+    path = _native_library(tmp_path, monkeypatch)
+    picked = dataclasses.replace(PACKED, native=path)
+    monkeypatch.setattr(linear, "choice", lambda dtype=torch.bfloat16, refresh=False: picked)
+    wide, model = _model(torch.float32).double(), _model(torch.float32)
+    assert pack_linears(model) == 2 and model[0]._native_path == path == model[2]._native_path
+    calls: list[int] = []
+    real = linear._native
+
+    def spy(lib, x, weight, bias):
+        calls.append(x.numel() // weight.shape[1])
+        return real(lib, x, weight, bias)
+
+    monkeypatch.setattr(linear, "_native", spy)
+    with torch.inference_mode():
+        for x, native in (
+            (torch.randn(1, 48), True),
+            (torch.randn(5, 1, 48), True),
+            (torch.randn(16, 48), True),
+            (torch.randn(4, 9, 48)[:, 2:4], True),  # strided: 8 rows
+            (torch.randn(17, 48), False),
+            (torch.randn(3, 300, 48), False),
+        ):
+            calls.clear()
+            want, got = wide(x.double()), model(x)
+            assert got.dtype == torch.float32 and got.shape == want.shape
+            assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+            rows = x.numel() // 48
+            assert calls == ([rows, rows] if native else []), calls  # both layers, or neither
+    assert not linear.native_fits(torch.randn(2, 12), torch.randn(4, 12), None)  # rows not a multiple of 8
+    assert not linear.native_fits(torch.randn(2, 16), torch.randn(16, 4).t(), None)  # a strided weight
+    assert not linear.native_fits(torch.randn(2, 16), torch.randn(4, 8), None)  # F.linear says why
+    with torch.inference_mode(), pytest.raises(RuntimeError):
+        model(torch.randn(2, 40))
+    model[0]._native_path = model[2]._native_path = str(tmp_path / "cleared.so")
+    calls.clear()
+    x = torch.randn(2, 48)
+    with torch.inference_mode():
+        want = wide(x.double())
+        assert (model(x).double() - want).abs().max() <= 1e-5 * want.abs().max()
+    assert calls == []  # the laid-out product ran
+    model(x).sum().backward()  # grad on: F.linear, no native call
+    assert calls == [] and model[0].weight.grad is not None
+
+
+def test_the_probe_picks_the_native_product_only_where_it_beats_the_packed_one(
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed = {"rows": 8, "plain_us": 3.0, "packed_us": 1.0, "equal": True, "max_rel_diff": 1e-7}
+    native = {"native_rows": 4, "native_packed_us": 1.0, "native_rel_diff": 1e-7, "native_path": "/x.so"}
+    for extra, packed, picked in (
+        ({**native, "native_us": 0.5}, True, "/x.so"),
+        ({**native, "native_us": 0.95}, True, ""),  # under MIN_SPEEDUP
+        ({**native, "native_us": 0.5, "native_rel_diff": 1e-3}, True, ""),  # past the tolerance
+        ({**native, "native_us": 0.5}, False, ""),  # only the packed layers take it
+        ({"native_why": "no C compiler (CC, cc or gcc) to build it"}, True, ""),
+    ):
+        found = {**timed, **extra, "plain_us": 3.0 if packed else 1.0}
+        monkeypatch.setattr(cpu, "run_torch_probe", lambda *a, found=found, **k: (found, ""))
+        choice = linear.probe(torch.float32)
+        assert (choice.packed, choice.native) == (packed, picked)
+        described = choice.describe()
+        assert ("no native product" in described) == ("native_why" in extra)
 
 
 def test_not_picked_here_packs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,3 +308,16 @@ async def test_the_real_fp32_engine_gives_the_same_tokens_packed(smol_tokenizer,
     assert none == 0 and layers == 30 * 7 + 1
     for a, b in zip(plain, packed, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_a_native_product_that_kills_its_probe_is_dropped_and_packing_still_measured(
+    probe_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fp32 probe child dies only when the native product runs: it is asked again without it, and the
+    laid-out product is still chosen on its own figures."""
+    crash = "import os\nif os.environ.get('UNIAGENT_NATIVE_LINEAR') != '0':\n    os.kill(os.getpid(), 11)\n"
+    monkeypatch.setattr(linear, "_PROBE", crash + linear._PROBE)
+    found = linear.choice(torch.float32)
+    assert not found.why and found.native == "" and found.measured["plain_us"] > 0
+    assert "SIGSEGV" in found.measured["native_why"] and "SIGSEGV" in found.describe()
+    assert found.packed == (found.measured["plain_us"] >= linear.MIN_SPEEDUP * found.measured["packed_us"])

@@ -283,9 +283,10 @@ def test_update_is_seen_by_the_next_generation(trainer, monkeypatch) -> None:
     )
     assert released == [True]
     after = asyncio.run(gen())
-    for layer in layers:  # the optimizer wrote every weight; the engine laid each out again
+    for layer in layers:  # the optimizer wrote every weight; the engine laid out again what it ran
         if isinstance(layer, linear.PackedLinear):
-            assert layer._packed_key == (layer.weight._version, layer.weight.data_ptr())
+            fresh = layer._packed_key == (layer.weight._version, layer.weight.data_ptr())
+            assert fresh or layer._native_path  # the native product (few rows) reads the dense weight
     assert after.token_ids[:1] != before.token_ids[:1] or after.logprobs[0] != pytest.approx(
         before.logprobs[0]
     )

@@ -6,6 +6,8 @@ arithmetic, was the decode step (73 % of it at 8 rows x 4K keys). The C kernels 
 read it. fp32 caches get the same two products without the widening (`ua_scores_f32`,
 `ua_weighted_f32`): torch's single-query SDPA and batched matmuls read an fp32 cache well below the
 memory bandwidth on an AVX2-only CPU, and the probe times them against this one per dtype.
+The same library holds a decode step's fp32 weight products (`linear_native.c`), which the linear
+probe times against oneDNN's (`linear.py`).
 They are compiled with the first C compiler found (`$CC`, `cc`, `gcc`) for the widest instruction set
 the CPU reports (AVX-512, else AVX2, else none), cached per CPU and source, and only trusted once the
 attention probe's child has run them against its fp32 reference (`attention.py`).
@@ -28,8 +30,9 @@ import torch
 from uniagent import cpu
 
 _HERE = Path(__file__).parent
-# One library: the decode products and the prefill kernel (AVX-512 builds only; elsewhere it says so).
-SOURCES = (_HERE / "attention_native.c", _HERE / "attention_prefill.c")
+# One library: the decode products, the prefill kernel (AVX-512 builds only; elsewhere it says so) and
+# a decode step's fp32 weight products (`linear_native.c`, taken where the linear probe picks them).
+SOURCES = (_HERE / "attention_native.c", _HERE / "attention_prefill.c", _HERE / "linear_native.c")
 HEADER = _HERE / "attention_native.h"
 # (name, the CPU flag it needs, compiler flags): the first whose flag this CPU reports is built.
 VARIANTS = (
@@ -98,6 +101,8 @@ def load(path: str) -> ctypes.CDLL | None:
         fn.restype = None
     lib.ua_prefill.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 18 + [ctypes.c_float, ctypes.c_int]
     lib.ua_prefill.restype = ctypes.c_int
+    lib.ua_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.ua_linear_f32.restype = None
     return lib
 
 
