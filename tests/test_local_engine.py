@@ -321,6 +321,30 @@ async def test_fresh_requests_prefilled_together_run_their_common_start_once(smo
         assert_same(a, b)
 
 
+async def test_a_fresh_request_run_alone_leaves_its_prompt_as_the_shared_start(smol_engine, smol_tokenizer):
+    """A run's first episode is often admitted alone: its prompt becomes the store's shared entry, so the
+    next fresh request runs only what follows the start they share, with the numbers of a solo run."""
+    from uniagent.models.kv_prefix import common_prefix
+
+    chosen = [chat_prompt(smol_tokenizer, q, SYSTEM) for q in QUESTIONS[:3]]
+    shared = common_prefix(chosen[0], chosen[1])
+    assert shared >= 32 and common_prefix(chosen[0], chosen[2]) == shared
+    reference = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END], prefix_cache_bytes=0)
+    async with reference:
+        alone = [await reference.generate(p, greedy(6, stop=[]), f"alone-{i}") for i, p in enumerate(chosen)]
+        assert reference.stats.prefix_hits == 0  # no store, nothing kept
+    engine = LocalEngine.from_model(smol_engine.model, eos_token_ids=[IM_END])
+    async with engine:
+        first = await engine.generate(chosen[0], greedy(6, stop=[]), "first")
+        assert engine.stats.prefix_hits == 0 and engine.stats.prefill_tokens == len(chosen[0])
+        later = await asyncio.gather(*(engine.generate(p, greedy(6, stop=[]), f"later-{i}")
+                                       for i, p in enumerate(chosen[1:])))  # fmt: skip
+        assert engine.stats.prefix_hits == 2 and engine.stats.prefix_reused_tokens == 2 * shared
+        assert engine.stats.prefill_tokens == sum(map(len, chosen)) - 2 * shared
+    for a, b in zip(alone, [first, *later], strict=True):
+        assert_same(a, b)
+
+
 async def test_cache_growth_in_small_chunks_matches_solo_runs(smol_engine, prompts, monkeypatch):
     """Tiny spare/chunk sizes make every few decode steps regrow the buffers, joins included."""
     import uniagent.models.kv as kv

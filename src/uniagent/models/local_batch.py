@@ -15,7 +15,9 @@ admitted rows on the model, only ever from the engine's worker thread. Why it is
   then costs its new tokens, not its whole history.
 - Shared prefill: fresh requests prefilled together run the prompt start they share once (a batch-1
   pass) and every row takes it as a reused prefix; the store keeps it as its shared entry for fresh
-  requests that come later. A group of 4 samples of one task then runs ~1 turn-1 prompt, not 4.
+  requests that come later. A group of 4 samples of one task then runs ~1 turn-1 prompt, not 4. A fresh
+  request prefilled alone while the store has no shared entry leaves its prompt as that entry: a run's
+  first episode is often admitted alone, and the next ones reuse its start.
 - The logprob of a token is the raw model log-softmax (temperature 1, before top-k/top-p) in fp32:
   that is what a trainer recomputes with one teacher-forced pass. Trainers that recompute with the
   logits divided by the sampling temperature (verl: `logits / rollout.temperature`, its vLLM servers
@@ -276,6 +278,7 @@ class BatchRunner:
                     cache.place(i, keys, values, end=past)
                 r.prefix = None  # placed (or not reusable): the store's copy is no longer needed
             logits = self._run_columns(cache, ids, positions, new_mask)
+            self._share_fresh_prompt(cache, requests)
         else:
             from transformers import DynamicCache
 
@@ -328,6 +331,22 @@ class BatchRunner:
         for r in fresh:
             r.prefix, r.reused = shared, n
         self._prefixes.share(shared)
+
+    def _share_fresh_prompt(self, cache: SlotCache, requests: list[Request]) -> None:
+        """With no shared entry in the store, keep a fresh request's prompt as one: the first episode of
+        a run is often admitted alone (its sandbox was ready first), and the ones that follow a moment
+        later reuse its start (system prompt, instructions) instead of running it again. One copy of
+        the row's keys/values; the store's budget and eviction apply as to any shared entry."""
+        if not self._prefixes.budget_bytes or self._prefixes.shared is not None:
+            return
+        fresh = [i for i, r in enumerate(requests) if r.reused == 0 and len(r.prompt_ids) > MIN_SHARED]
+        if not fresh:
+            return
+        index = fresh[0]
+        ids = requests[index].prompt_ids
+        keys, values = cache.row_kv(index)
+        if keys[0].shape[1] == len(ids):
+            self._prefixes.share(Prefix(ids=list(ids), keys=keys, values=values))
 
     def _decode(self, batch: Batch) -> None:
         n = len(batch.rows)
