@@ -35,7 +35,7 @@ from uniagent.models.kv import use_gqa_attention
 from uniagent.models.kv_prefix import PrefixStore
 from uniagent.models.linear import pack_linears, packed_bytes
 from uniagent.models.loading import ModelSource, load_causal_lm, resolve_model
-from uniagent.models.local_batch import Batch, BatchRunner, EngineStats, Request, settle
+from uniagent.models.local_batch import BatchRunner
 from uniagent.models.local_memory import (
     Incoming,
     gib,
@@ -43,6 +43,7 @@ from uniagent.models.local_memory import (
     resolve_prefix_cap,
     tune_malloc,
 )
+from uniagent.models.local_rows import Batch, EngineStats, Request, settle
 from uniagent.models.local_update import WeightUpdate, copy_state, match_state, resolve
 from uniagent.models.precision import Precision
 from uniagent.models.precision import resolve as resolve_precision

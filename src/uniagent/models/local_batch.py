@@ -28,21 +28,19 @@ admitted rows on the model, only ever from the engine's worker thread. Why it is
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import uniagent.models.kv as kv  # the module: tests patch its buffer growth (kv._CHUNK)
 from uniagent.errors import EngineError
-from uniagent.models.base import FinishReason, Generation, SamplingParams
+from uniagent.models.base import FinishReason, SamplingParams
 from uniagent.models.kv import Dims, SlotCache, supports_slots
 from uniagent.models.kv_prefix import MIN_SHARED, Prefix, PrefixStore, common_prefix
 from uniagent.models.local_memory import MemoryPlan, Running
+from uniagent.models.local_rows import Batch, EngineStats, Request, Row, emit, settle
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -51,101 +49,6 @@ log = logging.getLogger(__name__)
 
 _PAD_ID = 0  # any valid id: padded slots are masked out and never read back
 _SPARE = 256  # decode columns reserved past a prefill or merge; the cache grows by chunks after that
-
-
-@dataclass
-class EngineStats:
-    """Counters a caller (or a test) can read to see how work was batched.
-
-    `prefill_batches` counts groups of requests admitted together (one prefill forward each);
-    with iteration-level joining a group joins the running batch instead of waiting for it.
-    `prefill_tokens` counts prompt tokens actually run; `prefix_hits` requests that reused a kept
-    prefix and `prefix_reused_tokens` the prompt tokens they did not run again.
-    """
-
-    requests: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    prefill_batches: int = 0
-    decode_steps: int = 0
-    generated_tokens: int = 0
-    max_rows: int = 0
-    prefill_tokens: int = 0
-    prefix_hits: int = 0
-    prefix_reused_tokens: int = 0
-
-    # `LocalEngine.update_weights` calls applied, and the rows they took out and resumed (partial rollout).
-    weight_updates: int = 0
-    interrupted: int = 0
-
-    @property
-    def in_flight(self) -> int:
-        """Requests queued or running: taken in, not yet completed, failed or cancelled."""
-        return self.requests - self.completed - self.failed - self.cancelled
-
-
-@dataclass(eq=False)
-class Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    request_id: str
-    stop_ids: frozenset[int]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
-    # Set on the event-loop thread when the awaiting coroutine is cancelled; the worker only reads it.
-    cancelled: bool = False
-    # Called on the request's event loop with (token_id, logprob) as each token is sampled (streaming).
-    on_token: Callable[[int, float], None] | None = None
-    # Set by the worker at admission: the kept prefix this request took over and how much of it it reuses.
-    prefix: Prefix | None = None
-    reused: int = 0
-    # Partial rollout (`BatchRunner.interrupt`): what earlier runs of this request sampled before a weight
-    # update took it out (the final Generation starts with them), and its sampling stream, kept so that a
-    # resumed request draws where it stopped.
-    carried_ids: list[int] = field(default_factory=list)
-    carried_logprobs: list[float] = field(default_factory=list)
-    carried_versions: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
-
-    @property
-    def budget(self) -> int:
-        """Worst-case tokens this request holds in the cache; what admission control adds up."""
-        return len(self.prompt_ids) + self.sampling.max_tokens
-
-
-@dataclass(eq=False)
-class _Row:
-    request: Request
-    generator: torch.Generator | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: FinishReason | None = None
-
-    def result(self, finish: FinishReason) -> Generation:
-        """The request's whole generation: tokens carried from interrupted runs, then this row's."""
-        r = self.request
-        return Generation(
-            r.carried_ids + self.token_ids,
-            r.carried_logprobs + self.logprobs,
-            finish,
-            r.carried_versions + self.versions,
-        )
-
-
-@dataclass(eq=False)
-class Batch:
-    """Rows decoded together and their shared cache. `mask` ([rows, cache_len], real slots) is kept here
-    only for a `DynamicCache` (models `SlotCache` cannot serve); a `SlotCache` holds its own."""
-
-    rows: list[_Row]
-    cache: Any
-    mask: torch.Tensor | None = None
-
-    @property
-    def budget(self) -> int:
-        return sum(row.request.budget for row in self.rows)
 
 
 class BatchRunner:
@@ -298,7 +201,7 @@ class BatchRunner:
         self._stats.prefix_hits += len(hits)
         self._stats.prefix_reused_tokens += sum(r.reused for r in hits)
         rows = [
-            _Row(request=r, generator=r.generator if r.generator is not None else self._generator(r.sampling))
+            Row(request=r, generator=r.generator if r.generator is not None else self._generator(r.sampling))
             for r in requests
         ]
         self._accept(rows, logits)
@@ -374,7 +277,7 @@ class BatchRunner:
         self._stats.max_rows = max(self._stats.max_rows, n)
         self._accept(batch.rows, out.logits[:, -1, :])
 
-    def _accept(self, rows: list[_Row], logits: torch.Tensor) -> None:
+    def _accept(self, rows: list[Row], logits: torch.Tensor) -> None:
         """Pick each row's next token, record it with its raw logprob, and settle finished rows."""
         logits = logits.float()
         if self.scaled_logprobs:  # the sampling distribution's own logprob (verl's "processed_logprobs")
@@ -393,7 +296,7 @@ class BatchRunner:
             row.versions.append(self.version)
             self._stats.generated_tokens += 1
             if row.request.on_token is not None:
-                _emit(row.request, token, logprob)
+                emit(row.request, token, logprob)
             row.finish = self._finish_reason(row, token)
             if row.finish is not None:
                 self._stats.completed += 1
@@ -426,7 +329,7 @@ class BatchRunner:
             out.append(r)
         return out
 
-    def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
+    def _finish_reason(self, row: Row, token: int) -> FinishReason | None:
         if token in row.request.stop_ids:
             return "stop"
         if len(row.token_ids) >= row.request.sampling.max_tokens:
@@ -481,7 +384,7 @@ class BatchRunner:
             return
         self._prefixes.fit(self.budget_bytes - self.plan.admission_peak(self.running(batch), [], 0))
 
-    def _keep_prefix(self, cache: SlotCache, index: int, row: _Row) -> None:
+    def _keep_prefix(self, cache: SlotCache, index: int, row: Row) -> None:
         """Store what row `index` has in the cache: its prompt and every generated token but the last
         (sampled, never run). The count of real slots must match the ids, or nothing is stored."""
         ids = row.request.prompt_ids + row.token_ids[:-1]
@@ -491,7 +394,7 @@ class BatchRunner:
             return
         self._prefixes.put(row.request.request_id, Prefix(ids=ids, keys=keys, values=values))
 
-    def _fail_rows(self, rows: list[_Row], exc: Exception, extra: Iterable[Request] = ()) -> None:
+    def _fail_rows(self, rows: list[Row], exc: Exception, extra: Iterable[Request] = ()) -> None:
         log.warning("LocalEngine step failed: %r", exc)
         requests = [row.request for row in rows if row.finish is None] + list(extra)
         for request in requests:
@@ -523,31 +426,3 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gen
     cdf = scores.softmax(dim=-1, dtype=torch.float64).cumsum(dim=-1)
     u = torch.rand((), dtype=torch.float64, device=cdf.device, generator=generator) * cdf[-1]
     return int(torch.searchsorted(cdf, u, right=True).clamp_max(cdf.numel() - 1).item())
-
-
-def _emit(request: Request, token: int, logprob: float) -> None:
-    """Stream one token to the request's event loop (queued before its settle, so it arrives first)."""
-    callback = request.on_token
-    assert callback is not None
-
-    def emit() -> None:
-        if not request.future.done():
-            callback(token, logprob)
-
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
-        request.loop.call_soon_threadsafe(emit)
-
-
-def settle(request: Request, outcome: Generation | BaseException) -> None:
-    """Hand a result to the request's event loop; the worker must never touch the future directly."""
-
-    def resolve() -> None:
-        if request.future.done():  # cancelled by the caller meanwhile
-            return
-        if isinstance(outcome, BaseException):
-            request.future.set_exception(outcome)
-        else:
-            request.future.set_result(outcome)
-
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
-        request.loop.call_soon_threadsafe(resolve)
