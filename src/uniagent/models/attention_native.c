@@ -165,7 +165,7 @@ static void weighted_dims(const float *ph, const uint16_t *vh, float *oh, long s
 
 /* r[i] = sum of the lanes of a[BITREV[i]]: the callers fill a[] in bit-reversed order (0 4 2 6 1 5 3 7),
  * so lane i of the result is their i-th sum. */
-static inline __attribute__((always_inline)) v8f reduce8(const v8f a[8]) {
+INLINE v8f reduce8(const v8f a[8]) {
     v8f b[4], c[2];
     for (int i = 0; i < 4; i++)
         b[i] = FOLD8(a[2 * i], a[2 * i + 1], ((v8i){0, 1, 2, 3, 8, 9, 10, 11}), ((v8i){4, 5, 6, 7, 12, 13, 14, 15}));
@@ -195,12 +195,10 @@ static const int BITREV8[8] = {0, 4, 2, 6, 1, 5, 3, 7};
             for (long g = 0; g < group; g++) {                                                                     \
                 v8f acc = {0};                                                                                     \
                 for (long d = 0; d < dim; d += 8) acc += load8(qh + g * dim + d) * LOAD(kh + j * k_key + d);      \
-                float sum = 0;                                                                                     \
-                for (int l = 0; l < 8; l++) sum += acc[l];                                                         \
-                sh[g * keys + j] = sum;                                                                            \
+                sh[g * keys + j] = sum8(acc);                                                                      \
             }                                                                                                      \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void weighted_tile##SUFFIX(                                       \
+    INLINE void weighted_tile##SUFFIX(                                                                             \
         const float *ph, const T *vh, float *oh, long g0, long d0, long keys, long dim, long v_key, const int G,    \
         const int C) {                                                                                             \
         v8f acc[12] = {0};                                                                                         \

@@ -38,4 +38,11 @@ VECTOR_LOADS(8, v8f, v8h, v8u)
 
 INLINE void store16(float *x, v16f f) { memcpy(x, &f, sizeof f); }
 
+/* the sum of the 8 lanes, in lane order */
+INLINE float sum8(v8f v) {
+    float s = 0;
+    for (int l = 0; l < 8; l++) s += v[l];
+    return s;
+}
+
 #endif

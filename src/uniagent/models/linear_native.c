@@ -19,17 +19,10 @@
 #define OUTS 2   /* weight rows a tile takes */
 #define AHEAD 2048 /* floats between the weight a tile reads and the weight it asks the memory for */
 
-static inline __attribute__((always_inline)) float sum8(v8f v) {
-    float s = 0;
-    for (int l = 0; l < 8; l++) s += v[l];
-    return s;
-}
-
 /* out[m, j] for rows m0.. (mr of them) and weight rows n0.. (nr of them): whole tiles run the unrolled
  * loop, the edges a general one. */
-static inline __attribute__((always_inline)) void tile(const float *x, const float *w, const float *bias,
-                                                       float *out, long m0, int mr, long n0, int nr, long n,
-                                                       long k) {
+INLINE void tile(const float *x, const float *w, const float *bias, float *out, long m0, int mr, long n0, int nr,
+                 long n, long k) {
     v8f acc[ROWS][OUTS];
     memset(acc, 0, sizeof acc);
     const float *wb = w + n0 * k;

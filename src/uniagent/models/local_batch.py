@@ -245,11 +245,9 @@ class BatchRunner:
         fresh = [i for i, r in enumerate(requests) if r.reused == 0 and len(r.prompt_ids) > MIN_SHARED]
         if not fresh:
             return
-        index = fresh[0]
-        ids = requests[index].prompt_ids
-        keys, values = cache.row_kv(index)
-        if keys[0].shape[1] == len(ids):
-            self._prefixes.share(Prefix(ids=list(ids), keys=keys, values=values))
+        prefix = _row_prefix(cache, fresh[0], list(requests[fresh[0]].prompt_ids))
+        if prefix is not None:
+            self._prefixes.share(prefix)
 
     def _decode(self, batch: Batch) -> None:
         n = len(batch.rows)
@@ -387,12 +385,9 @@ class BatchRunner:
     def _keep_prefix(self, cache: SlotCache, index: int, row: Row) -> None:
         """Store what row `index` has in the cache: its prompt and every generated token but the last
         (sampled, never run). The count of real slots must match the ids, or nothing is stored."""
-        ids = row.request.prompt_ids + row.token_ids[:-1]
-        keys, values = cache.row_kv(index)
-        if keys[0].shape[1] != len(ids):
-            log.warning("LocalEngine: %s slots for %s ids; prefix not kept", keys[0].shape[1], len(ids))
-            return
-        self._prefixes.put(row.request.request_id, Prefix(ids=ids, keys=keys, values=values))
+        prefix = _row_prefix(cache, index, row.request.prompt_ids + row.token_ids[:-1])
+        if prefix is not None:
+            self._prefixes.put(row.request.request_id, prefix)
 
     def _fail_rows(self, rows: list[Row], exc: Exception, extra: Iterable[Request] = ()) -> None:
         log.warning("LocalEngine step failed: %r", exc)
@@ -404,6 +399,16 @@ class BatchRunner:
             )
             error.__cause__ = exc
             settle(request, error)
+
+
+def _row_prefix(cache: SlotCache, index: int, ids: list[int]) -> Prefix | None:
+    """Row `index`'s keys/values (a copy) as the prefix of `ids`; None, said in the log, where the row's
+    real slots do not count exactly `ids` (a prefix kept under the wrong ids would be reused wrongly)."""
+    keys, values = cache.row_kv(index)
+    if keys[0].shape[1] != len(ids):
+        log.warning("LocalEngine: %s slots for %s ids; prefix not kept", keys[0].shape[1], len(ids))
+        return None
+    return Prefix(ids=ids, keys=keys, values=values)
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
