@@ -174,6 +174,44 @@ def smol_engine(smol_source):
     """One LocalEngine (real SmolLM2 weights) shared by the whole session."""
     from uniagent.models.local import LocalEngine
 
-    engine = LocalEngine(smol_source)
+    # bounded: the default budget is half the machine, a quarter of it for kept prefixes, and the
+    # session's engine would keep them (GBs) in the test process for the whole run
+    engine = LocalEngine(smol_source, memory_budget_bytes=2 << 30, prefix_cache_bytes=256 << 20)
     yield engine
     engine.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory_after_module():
+    """What a module's tests freed goes back to the system before the next module: engines set
+    glibc to keep freed heap (local_memory.tune_malloc), and the test process must not carry it into
+    the tests that launch multi-GB trainers beside it."""
+    yield
+    import gc
+
+    from uniagent.models.local_memory import trim_heap
+
+    gc.collect()
+    trim_heap()
+
+
+_MEMLOG = os.environ.get("UNIAGENT_TEST_MEMLOG")
+
+
+@pytest.fixture(autouse=True)
+def _memory_log(request: pytest.FixtureRequest):
+    """With UNIAGENT_TEST_MEMLOG=FILE, one line per test: the test process's resident MiB before and
+    after, and the node's used MiB after (finding what a suite's process keeps)."""
+    if not _MEMLOG:
+        yield
+        return
+
+    def rss_mib() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+    before = rss_mib()
+    yield
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    used = (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) >> 10
+    with open(_MEMLOG, "a") as log:
+        log.write(f"{before}\t{rss_mib()}\t{used}\t{request.node.nodeid}\n")

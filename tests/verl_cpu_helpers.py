@@ -6,10 +6,12 @@ memory summed over its processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -151,6 +153,7 @@ def run_command(
     log_path = tmp_path / f"{name}.log"
     start = time.monotonic()
     with _RssSampler(token) as rss, log_path.open("w") as log:
+        before = memory_line()
         proc = subprocess.run(
             command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
         )
@@ -158,10 +161,40 @@ def run_command(
     deadline = time.monotonic() + 60  # Ray's processes end with the driver; wait for them here
     while rss.pids() and time.monotonic() < deadline:
         time.sleep(1)
+    # a process that outlived its driver (a trainer worker holds several GB) would be charged to the
+    # next run and can push the node over Ray's memory threshold there: end it, and say so
+    leftovers = rss.pids()
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    # on stdout, not in the run's log (whose last line the tests read): pytest shows it on a failure
+    print(f"[test harness] {name}: before the run {before}; exit {proc.returncode} after {wall:.0f} s")
+    if leftovers:
+        print(f"[test harness] {name}: killed {len(leftovers)} process(es) left after the run: {leftovers}")
     lines = events.read_text().splitlines() if events.exists() else []
     return RecipeRun(
         proc.returncode, log_path.read_text(errors="replace"), wall, rss, [json.loads(x) for x in lines]
     )
+
+
+def memory_line(top: int = 5) -> str:
+    """The node's used memory (as Ray's monitor counts it: total less available) and its largest
+    processes, so that a run killed for memory says who else held it."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    kib = {key: int(value.split()[0]) for key, value in info.items() if key in ("MemTotal", "MemAvailable")}
+    sizes = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                rss = int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                sizes.append((rss, entry.name, (entry / "comm").read_text().strip()))
+            except (OSError, IndexError, ValueError):
+                continue
+    largest = ", ".join(
+        f"{name}[{pid}] {rss / 2**30:.2f} GiB" for rss, pid, name in sorted(sizes)[-top:][::-1]
+    )
+    used = (kib["MemTotal"] - kib["MemAvailable"]) / 2**20
+    return f"{used:.2f} of {kib['MemTotal'] / 2**20:.2f} GiB used; largest: {largest}"
 
 
 def read_metrics(path: Path) -> list[dict]:
