@@ -187,12 +187,9 @@ def _release_memory_after_module():
     glibc to keep freed heap (local_memory.tune_malloc), and the test process must not carry it into
     the tests that launch multi-GB trainers beside it."""
     yield
-    import gc
+    from uniagent.train.outputs import release_memory
 
-    from uniagent.models.local_memory import trim_heap
-
-    gc.collect()
-    trim_heap()
+    release_memory()
 
 
 _MEMLOG = os.environ.get("UNIAGENT_TEST_MEMLOG")
@@ -206,12 +203,11 @@ def _memory_log(request: pytest.FixtureRequest):
         yield
         return
 
-    def rss_mib() -> int:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    from uniagent.train.outputs import rss_mb
 
-    before = rss_mib()
+    before = round(rss_mb())
     yield
     info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     used = (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) >> 10
     with open(_MEMLOG, "a") as log:
-        log.write(f"{before}\t{rss_mib()}\t{used}\t{request.node.nodeid}\n")
+        log.write(f"{before}\t{round(rss_mb())}\t{used}\t{request.node.nodeid}\n")

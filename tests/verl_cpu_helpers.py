@@ -147,12 +147,9 @@ def run_command(
 ) -> RecipeRun:
     """Run `command` in `tmp_path` to its end, sampling the summed memory of every process of the run
     (they carry a token in their environment) until Ray's have ended; the server's events read back."""
-    import gc
+    from uniagent.train.outputs import release_memory
 
-    from uniagent.models.local_memory import trim_heap
-
-    gc.collect()  # what earlier tests of this process freed goes back before ~11 GB launch beside it
-    trim_heap()
+    release_memory()  # what earlier tests of this process freed goes back before ~11 GB launch beside it
     events = tmp_path / "rollout_events.jsonl"
     token = secrets.token_hex(6)
     env = {**env, RUN_TOKEN: token, "RAY_DEDUP_LOGS": "0"}
